@@ -1,0 +1,3 @@
+from kvqual.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,249 @@
+"""The one transport (openai.AsyncOpenAI on aiohttp) plus pure payload builders and parsers.
+
+Payloads are plain dicts and responses are parsed from the server's JSON, not from the SDK's
+pydantic models: fields that servers add (vLLM/SGLang token ids, prompt logprobs) stay
+visible, parsing is cheap, and every shape is tested by asserting on exact dicts.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import httpx
+import openai
+
+from kvqual.errors import ServerContractError
+from kvqual.records import GenerationParams, Item, TokenLogprobs
+
+TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids format
+
+
+# ---------------------------------------------------------------- payloads (pure)
+
+def completion_payload(item: Item, params: GenerationParams, model: str, repeat: int = 0) -> dict[str, Any]:
+    """/v1/completions body for one item. Repeats > 0 shift the seed so samples differ."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(item.prompt) if isinstance(item.prompt, tuple) else item.prompt,
+        "max_tokens": item.max_tokens or params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "seed": params.seed + repeat,
+    }
+    if params.top_logprobs > 0:
+        body["logprobs"] = params.top_logprobs
+    return body
+
+
+def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int = 0) -> dict[str, Any]:
+    """/v1/chat/completions body for one item."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [dict(m) for m in item.messages or ()],
+        "max_tokens": item.max_tokens or params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "seed": params.seed + repeat,
+    }
+    if params.top_logprobs > 0:
+        body["logprobs"] = True
+        body["top_logprobs"] = params.top_logprobs
+    return body
+
+
+def echo_payload(prompt: str | list[int], model: str, top_logprobs: int) -> dict[str, Any]:
+    """Teacher forcing: score `prompt` (text or token ids) with echo and no new tokens."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 0,
+        "echo": True,
+        "temperature": 0.0,
+        "logprobs": max(1, top_logprobs),
+    }
+
+
+# ---------------------------------------------------------------- parsers (pure)
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    logprobs: TokenLogprobs | None
+
+
+def _usage(data: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    usage = data.get("usage") or {}
+    return usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+def _first_choice(data: Mapping[str, Any], server: str) -> Mapping[str, Any]:
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ServerContractError(f"{server}: response has no choices: {str(data)[:200]}")
+    return choices[0]
+
+
+def token_id_of(token: str) -> int | None:
+    """The id in vLLM's `token_id:123` token strings, else None."""
+    if token.startswith(TOKEN_ID_PREFIX):
+        rest = token[len(TOKEN_ID_PREFIX):]
+        if rest.isdigit():
+            return int(rest)
+    return None
+
+
+def _completion_logprobs(raw: Mapping[str, Any] | None) -> TokenLogprobs | None:
+    if not raw or raw.get("tokens") is None:
+        return None
+    tokens = tuple(raw["tokens"])
+    ids = [token_id_of(t) for t in tokens]
+    return TokenLogprobs(
+        tokens=tokens,
+        token_logprobs=tuple(raw.get("token_logprobs") or ()),
+        top_logprobs=tuple(dict(t) if t else {} for t in (raw.get("top_logprobs") or ())),
+        text_offset=tuple(raw["text_offset"]) if raw.get("text_offset") is not None else None,
+        token_ids=tuple(ids) if tokens and all(i is not None for i in ids) else None,  # type: ignore[arg-type]
+    )
+
+
+def _check_logprobs(lp: TokenLogprobs | None, want: int, n_tokens: int | None, server: str) -> None:
+    """A server that silently drops logprobs must stop the run, never be scored as data."""
+    if want <= 0:
+        return
+    if lp is None:
+        raise ServerContractError(f"{server}: logprobs were requested but the response has none "
+                                  "(does the server support `logprobs`?)")
+    if len(lp.token_logprobs) != len(lp.tokens):
+        raise ServerContractError(f"{server}: {len(lp.tokens)} tokens but {len(lp.token_logprobs)} logprobs")
+    if n_tokens is not None and len(lp.tokens) != n_tokens:
+        raise ServerContractError(f"{server}: usage says {n_tokens} completion tokens but logprobs cover "
+                                  f"{len(lp.tokens)}")
+
+
+def parse_completion(data: Mapping[str, Any], want_logprobs: int, server: str = "server") -> Answer:
+    choice = _first_choice(data, server)
+    prompt_tokens, completion_tokens = _usage(data)
+    lp = _completion_logprobs(choice.get("logprobs"))
+    _check_logprobs(lp, want_logprobs, completion_tokens, server)
+    text = choice.get("text")
+    if not isinstance(text, str):
+        raise ServerContractError(f"{server}: completion choice has no text")
+    return Answer(text, choice.get("finish_reason"), prompt_tokens, completion_tokens, lp)
+
+
+def parse_chat(data: Mapping[str, Any], want_logprobs: int, server: str = "server") -> Answer:
+    choice = _first_choice(data, server)
+    prompt_tokens, completion_tokens = _usage(data)
+    message = choice.get("message") or {}
+    text = message.get("content")
+    if text is None:
+        text = ""  # a tool call or an empty turn; the length (0) is still data
+    lp = None
+    content = (choice.get("logprobs") or {}).get("content")
+    if content is not None:
+        tokens = tuple(c["token"] for c in content)
+        ids = [token_id_of(t) for t in tokens]
+        lp = TokenLogprobs(
+            tokens=tokens,
+            token_logprobs=tuple(c.get("logprob") for c in content),
+            top_logprobs=tuple({t["token"]: t["logprob"] for t in c.get("top_logprobs") or ()} for c in content),
+            token_ids=tuple(ids) if tokens and all(i is not None for i in ids) else None,  # type: ignore[arg-type]
+        )
+    _check_logprobs(lp, want_logprobs, completion_tokens, server)
+    return Answer(text, choice.get("finish_reason"), prompt_tokens, completion_tokens, lp)
+
+
+def parse_echo(data: Mapping[str, Any], server: str = "server") -> TokenLogprobs:
+    """Prompt logprobs from an echo request; missing or short data is a contract error."""
+    choice = _first_choice(data, server)
+    lp = _completion_logprobs(choice.get("logprobs"))
+    prompt_tokens, _ = _usage(data)
+    if lp is None or not lp.tokens:
+        raise ServerContractError(f"{server}: echo returned no prompt logprobs (teacher forcing needs "
+                                  "`echo` with `logprobs`; pass --no-teacher-forcing to skip it)")
+    if len(lp.token_logprobs) != len(lp.tokens) or (prompt_tokens is not None and len(lp.tokens) < prompt_tokens):
+        raise ServerContractError(f"{server}: echo returned {len(lp.token_logprobs)} logprobs for "
+                                  f"{prompt_tokens if prompt_tokens is not None else len(lp.tokens)} prompt tokens")
+    return lp
+
+
+# ---------------------------------------------------------------- errors & retries
+
+@dataclass(frozen=True)
+class FailureInfo:
+    transient: bool
+    message: str
+    retry_after: float | None = None
+
+
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
+    if not headers:
+        return None
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+def classify(exc: BaseException) -> FailureInfo:
+    """Transient (retry): connection errors, timeouts, 408/409/429, 5xx. Anything else is final."""
+    if isinstance(exc, openai.APITimeoutError):
+        return FailureInfo(True, "timeout")
+    if isinstance(exc, openai.APIConnectionError):
+        return FailureInfo(True, f"connection error: {exc.__cause__ or exc}")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        body = exc.response.text[:300] if exc.response is not None else ""
+        transient = status in (408, 409, 429) or status >= 500
+        return FailureInfo(transient, f"HTTP {status}: {body}",
+                           _retry_after(exc.response.headers if exc.response is not None else None))
+    if isinstance(exc, (httpx.TimeoutException,)):
+        return FailureInfo(True, "timeout")
+    if isinstance(exc, (httpx.TransportError, ConnectionError)):
+        return FailureInfo(True, f"connection error: {exc}")
+    if isinstance(exc, ValueError):  # a body that is not JSON
+        return FailureInfo(False, f"malformed response: {exc}")
+    return FailureInfo(False, f"{type(exc).__name__}: {exc}")
+
+
+def backoff_delay(attempt: int, rng: random.Random, base: float = 0.5, cap: float = 30.0,
+                  retry_after: float | None = None) -> float:
+    """Exponential backoff with full jitter; a server's Retry-After is honoured as a floor."""
+    delay = rng.uniform(0, min(cap, base * 2 ** attempt))
+    return max(delay, retry_after) if retry_after is not None else delay
+
+
+# ---------------------------------------------------------------- transport
+
+class Transport:
+    """One AsyncOpenAI client per base URL (aiohttp backend), retries handled by the runner."""
+
+    def __init__(self, base_url: str, api_key: str, timeout: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0,
+            http_client=openai.DefaultAioHttpClient(timeout=timeout),
+        )
+
+    async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST `body` to `path` under the /v1 root; the parsed JSON, or an openai error."""
+        response = await self._client.post(path, body=body, cast_to=httpx.Response)
+        return response.json()
+
+    async def get_json(self, path: str) -> Any:
+        response = await self._client.get(path, cast_to=httpx.Response)
+        return response.json()
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -1,0 +1,78 @@
+"""What each CLI command does, as library calls: config → suites → (launch) → runner → compare → report.
+
+The CLI parses arguments and prints; everything with a result lives here or below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from typing import Any, AsyncIterator, Callable
+
+from kvqual.config import Config, Overrides, RunDefaults, Target, load_config
+from kvqual.errors import UsageError
+from kvqual.records import RunManifest
+from kvqual.suites import LoadedSuite, load_suites
+
+DEFAULT_PROFILE = "profile:default"
+
+
+def prepare(config_path: str | None, overrides: dict[str, Any],
+            include_path: str | None = None) -> tuple[Config, RunDefaults, tuple[LoadedSuite, ...]]:
+    """Config + command-line overrides + loaded suites (any problem: exit 2 before a request)."""
+    config = load_config(config_path)
+    run = Overrides(overrides).apply(config.run)
+    specs = run.suites or ((DEFAULT_PROFILE,) if config.builtin else ())
+    if not specs:
+        raise UsageError(f"no suites: pass --suite FILE.jsonl (or set run.suites in {config.path})")
+    suites = tuple(load_suites(specs, seed=run.seed, limit=run.limit, include_path=include_path))
+    return config, run, suites
+
+
+@contextlib.asynccontextmanager
+async def serving(target: Target, log_dir: str) -> AsyncIterator[Target]:
+    """The target ready to serve: launched by kvqual (and stopped after) when it has `launch`."""
+    if not target.launch:
+        yield target
+        return
+    from kvqual.launch import launched
+
+    async with launched(target, log_dir) as ready:
+        yield ready
+
+
+def cmd_run(target_name: str, overrides: dict[str, Any], *, config_path: str | None, rerun: bool,
+            include_path: str | None) -> int:
+    config, run, suites = prepare(config_path, overrides, include_path)
+    target = config.target(target_name)
+    manifest = asyncio.run(_run_one(target, suites, run, rerun))
+    print_run_summary(manifest)
+    return 0
+
+
+async def _run_one(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefaults, rerun: bool) -> RunManifest:
+    from kvqual.runner import run_target
+
+    async with serving(target, run.results_dir) as ready:
+        return await run_target(ready, suites, run, limit=run.limit, rerun=rerun)
+
+
+def print_run_summary(manifest: RunManifest, out: Callable[[str], Any] = print) -> None:
+    c = manifest.counts
+    out(f"{manifest.run_id}: {c.get('ok', 0)}/{c.get('units', 0)} answered, {c.get('failed', 0)} failed "
+        f"({manifest.status}) → {manifest.run_id and 'results'}/{manifest.run_id}")
+
+
+def add_compare_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`compare` and `report` (defined with the comparison stage)."""
+    try:
+        from kvqual.compare import cli as compare_cli
+    except ImportError:
+        return
+    compare_cli.add_parsers(sub, run_options)
+
+
+def eprint(message: str) -> None:
+    print(message, file=sys.stderr)

@@ -1,0 +1,1 @@
+"""Compare two runs: paired statistics (stats.py) and token-level metrics (tokens.py)."""

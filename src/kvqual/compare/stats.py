@@ -1,0 +1,381 @@
+"""Paired statistics for comparing two serving configs: pure functions on numpy arrays.
+
+Proportions (flips, McNemar, Tango/Newcombe CIs, non-inferiority), paired means with
+cluster-robust SEs and bootstrap CIs, output-length comparisons, Holm, single-proportion
+CIs, sample sizes. No I/O; randomness only through a passed-in `numpy.random.Generator`.
+scipy/statsmodels do the work where they can; formulas and sources: docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import optimize, stats
+
+__all__ = [
+    "Interval", "PairedCounts", "MeanDiff", "TestResult", "NonInferiority",
+    "paired_counts", "mcnemar_exact_p", "tango_ci", "tango_z", "newcombe_ci",
+    "paired_noninferiority", "mean_ci", "paired_mean_diff", "paired_bootstrap_ci",
+    "sample_size", "n_more_to_decide", "ratio_of_means_ci", "wilcoxon_signed_rank",
+    "hodges_lehmann", "ks_two_sample", "holm_adjust", "wilson_ci", "clopper_pearson_ci",
+]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval at `level`."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+
+
+@dataclass(frozen=True)
+class PairedCounts:
+    """A paired 2x2 table: a both right, b base right→cand wrong, c base wrong→cand right, d both wrong."""
+
+    a: int
+    b: int
+    c: int
+    d: int
+
+    @property
+    def n(self) -> int:
+        return self.a + self.b + self.c + self.d
+
+    @property
+    def difference(self) -> float:
+        """Accuracy of candidate minus accuracy of baseline: (c − b) / n."""
+        return (self.c - self.b) / self.n if self.n else 0.0
+
+
+@dataclass(frozen=True)
+class MeanDiff:
+    """Mean of paired differences with its (cluster-robust) SE and t interval."""
+
+    estimate: float
+    se: float
+    df: int
+    low: float
+    high: float
+    level: float
+    n: int
+    n_clusters: int
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """A test statistic and its p-value."""
+
+    statistic: float
+    pvalue: float
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """One-sided test of H0: cand − base ≤ −margin (Tango score); `lower` is the one-sided bound."""
+
+    estimate: float
+    lower: float
+    margin: float
+    pvalue: float
+    alpha: float
+
+    @property
+    def noninferior(self) -> bool:
+        return self.pvalue < self.alpha
+
+
+def _z(level: float) -> float:
+    """Two-sided normal quantile for a confidence level."""
+    return float(stats.norm.ppf(0.5 + level / 2))
+
+
+# ---------------------------------------------------------------- paired proportions
+
+
+def paired_counts(base_correct: ArrayLike, cand_correct: ArrayLike) -> PairedCounts:
+    """Count the paired 2x2 table from two aligned boolean arrays (one entry per item)."""
+    x = np.asarray(base_correct, dtype=bool)
+    y = np.asarray(cand_correct, dtype=bool)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"paired arrays must be 1-D and equal length, got {x.shape} and {y.shape}")
+    return PairedCounts(
+        a=int(np.sum(x & y)), b=int(np.sum(x & ~y)), c=int(np.sum(~x & y)), d=int(np.sum(~x & ~y))
+    )
+
+
+def mcnemar_exact_p(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: binomial test of b vs c discordant pairs at 1/2."""
+    if b + c == 0:
+        return 1.0
+    return float(stats.binomtest(b, b + c, 0.5).pvalue)
+
+
+def tango_z(counts: PairedCounts, delta0: float) -> float:
+    """Tango's (1998) score statistic for H0: cand − base = delta0 (positive: cand better)."""
+    n, x12, x21 = counts.n, counts.c, counts.b  # x12: cand right only, x21: base right only
+    big_a = 2.0 * n
+    big_b = -x12 - x21 + (2.0 * n - x12 + x21) * delta0
+    big_c = -x21 * delta0 * (1.0 - delta0)
+    q21 = (math.sqrt(max(big_b * big_b - 4.0 * big_a * big_c, 0.0)) - big_b) / (2.0 * big_a)
+    var = n * (2.0 * q21 + delta0 * (1.0 - delta0))
+    num = x12 - x21 - n * delta0
+    if var <= 0.0:
+        return 0.0 if num == 0 else math.copysign(math.inf, num)
+    return num / math.sqrt(var)
+
+
+def tango_ci(counts: PairedCounts, level: float = 0.95) -> Interval:
+    """Tango's score CI for cand − base (inverts `tango_z`; good coverage at small n)."""
+    if counts.n == 0:
+        raise ValueError("no pairs")
+    z, est, eps = _z(level), counts.difference, 1e-12
+    lo_end, hi_end = -1.0 + eps, 1.0 - eps
+    if tango_z(counts, lo_end) - z <= 0:
+        low = -1.0
+    else:
+        low = optimize.brentq(lambda t: tango_z(counts, t) - z, lo_end, est, xtol=1e-12)
+    if tango_z(counts, hi_end) + z >= 0:
+        high = 1.0
+    else:
+        high = optimize.brentq(lambda t: tango_z(counts, t) + z, est, hi_end, xtol=1e-12)
+    return Interval(est, float(low), float(high), level)
+
+
+def _wilson(k: float, n: float, z: float) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def newcombe_ci(counts: PairedCounts, level: float = 0.95) -> Interval:
+    """Newcombe's (1998) method 10 CI for cand − base: Wilson limits + corrected phi."""
+    n = counts.n
+    if n == 0:
+        raise ValueError("no pairs")
+    z = _z(level)
+    k1, k2 = counts.a + counts.c, counts.a + counts.b  # cand right, base right
+    p1, p2 = k1 / n, k2 / n
+    l1, u1 = _wilson(k1, n, z)
+    l2, u2 = _wilson(k2, n, z)
+    margins = [k1, n - k1, k2, n - k2]
+    if min(margins) == 0:
+        phi = 0.0
+    else:
+        det = counts.a * counts.d - counts.b * counts.c
+        adj = det - n / 2 if det > n / 2 else (0.0 if det >= 0 else det)
+        phi = adj / math.sqrt(math.prod(float(m) for m in margins))
+    est = p1 - p2
+    dl = math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    du = math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
+    return Interval(est, est - dl, est + du, level)
+
+
+def paired_noninferiority(counts: PairedCounts, margin: float, alpha: float = 0.05) -> NonInferiority:
+    """Tango score test of H0: cand − base ≤ −margin; p < alpha ⇔ one-sided lower bound > −margin."""
+    zs = tango_z(counts, -margin)
+    lower = tango_ci(counts, level=1 - 2 * alpha).low
+    return NonInferiority(counts.difference, lower, margin, float(stats.norm.sf(zs)), alpha)
+
+
+# ---------------------------------------------------------------- paired means
+
+
+def _as_clusters(clusters: ArrayLike | None, n: int) -> np.ndarray:
+    """Integer cluster codes; every unit its own cluster when None."""
+    if clusters is None:
+        return np.arange(n)
+    g = np.asarray(clusters)
+    if g.shape != (n,):
+        raise ValueError(f"clusters must have shape ({n},), got {g.shape}")
+    return np.unique(g, return_inverse=True)[1]
+
+
+def mean_ci(values: ArrayLike, clusters: ArrayLike | None = None, level: float = 0.95) -> MeanDiff:
+    """Mean with SE = sqrt(Var/n), or cluster-robust (CR1) SE from cluster sums; t on G−1 df."""
+    x = np.asarray(values, dtype=float)
+    n = x.size
+    if n < 2:
+        raise ValueError("need at least 2 values")
+    g = _as_clusters(clusters, n)
+    n_g = int(g.max()) + 1
+    mean = float(x.mean())
+    if n_g < 2:
+        raise ValueError("need at least 2 clusters")
+    sums = np.bincount(g, weights=x - mean, minlength=n_g)
+    se = math.sqrt(n_g / (n_g - 1) * float(np.sum(sums**2)) / n**2)
+    df = n_g - 1
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return MeanDiff(mean, se, df, mean - half, mean + half, level, n, n_g)
+
+
+def paired_mean_diff(
+    base: ArrayLike, cand: ArrayLike, clusters: ArrayLike | None = None, level: float = 0.95
+) -> MeanDiff:
+    """Mean of cand − base per unit with a t CI (cluster-robust when clusters are given)."""
+    x, y = np.asarray(base, dtype=float), np.asarray(cand, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired arrays differ in shape: {x.shape} vs {y.shape}")
+    return mean_ci(y - x, clusters, level)
+
+
+def paired_bootstrap_ci(
+    diffs: ArrayLike,
+    rng: np.random.Generator,
+    clusters: ArrayLike | None = None,
+    level: float = 0.95,
+    method: Literal["BCa", "percentile"] = "BCa",
+    n_resamples: int = 2000,
+) -> Interval:
+    """Bootstrap CI of the mean paired difference; resamples whole clusters when given."""
+    d = np.asarray(diffs, dtype=float)
+    g = _as_clusters(clusters, d.size)
+    sums = np.bincount(g, weights=d)
+    sizes = np.bincount(g).astype(float)
+
+    def ratio(s: np.ndarray, m: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.sum(s, axis=axis) / np.sum(m, axis=axis)
+
+    res = stats.bootstrap(
+        (sums, sizes), ratio, paired=True, vectorized=True, confidence_level=level,
+        method=method, n_resamples=n_resamples, rng=rng,
+    )
+    ci = res.confidence_interval
+    return Interval(float(d.mean()), float(ci.low), float(ci.high), level)
+
+
+def sample_size(var_d: float, distance: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Units needed for a one-sided test to show a bound `distance` away: (z_α+z_β)²·Var(d)/δ²."""
+    if distance <= 0:
+        raise ValueError("distance to the bound must be positive")
+    zz = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)
+    return int(math.ceil(zz**2 * var_d / distance**2))
+
+
+def n_more_to_decide(
+    estimate: float, sd: float, n: int, bound: float, alpha: float = 0.05, power: float = 0.5
+) -> int | None:
+    """Extra units for the one-sided CI to clear `bound` if estimate and SD hold (None: never)."""
+    distance = abs(estimate - bound)
+    if distance == 0 or not math.isfinite(distance):
+        return None
+    return max(0, sample_size(sd**2, distance, alpha, power) - n)
+
+
+# ---------------------------------------------------------------- output length
+
+
+def ratio_of_means_ci(
+    base: ArrayLike, cand: ArrayLike, clusters: ArrayLike | None = None, level: float = 0.95
+) -> tuple[Interval, float]:
+    """mean(cand)/mean(base) with a delta-method CI on the log scale; returns (CI, SE of log).
+
+    Zero lengths are fine (a ratio of means, not a mean of ratios); an all-zero arm is not.
+    """
+    x, y = np.asarray(base, dtype=float), np.asarray(cand, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired arrays differ in shape: {x.shape} vs {y.shape}")
+    mx, my = x.mean(), y.mean()
+    if mx <= 0 or my <= 0:
+        raise ValueError("ratio of means needs a positive mean in both arms")
+    influence = y / my - x / mx  # linearisation of log(my/mx); mean exactly 0
+    m = mean_ci(influence, clusters, level)
+    log_r = math.log(my / mx)
+    half = float(stats.t.ppf(0.5 + level / 2, m.df)) * m.se
+    return Interval(my / mx, math.exp(log_r - half), math.exp(log_r + half), level), m.se
+
+
+def wilcoxon_signed_rank(base: ArrayLike, cand: ArrayLike) -> TestResult:
+    """Two-sided Wilcoxon signed-rank test of cand − base (zero differences dropped)."""
+    d = np.asarray(cand, dtype=float) - np.asarray(base, dtype=float)
+    if not np.any(d != 0):
+        return TestResult(0.0, 1.0)
+    res = stats.wilcoxon(d, zero_method="wilcox")
+    return TestResult(float(res.statistic), float(res.pvalue))
+
+
+def _kth_walsh(xs: np.ndarray, k: int) -> float:
+    """k-th smallest (1-based) Walsh average (x_i+x_j)/2, i≤j, of sorted xs in O(n log n · 64)."""
+    n = xs.size
+    idx = np.arange(n)
+
+    def count_le(v: float) -> int:
+        ends = np.searchsorted(xs, 2 * v - xs, side="right")
+        return int(np.maximum(ends - idx, 0).sum())
+
+    lo, hi = float(xs[0]) - 1.0, float(xs[-1])
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            break
+        if count_le(mid) >= k:
+            hi = mid
+        else:
+            lo = mid
+    # snap: the smallest Walsh average above lo
+    j = np.maximum(np.searchsorted(xs, 2 * lo - xs, side="right"), idx)
+    ok = j < n
+    return float(np.min((xs[ok] + xs[j[ok]]) / 2))
+
+
+def hodges_lehmann(diffs: ArrayLike, level: float = 0.95) -> Interval:
+    """Hodges–Lehmann shift (median of Walsh averages) with the signed-rank CI (normal approx)."""
+    xs = np.sort(np.asarray(diffs, dtype=float))
+    n = xs.size
+    if n < 2:
+        raise ValueError("need at least 2 differences")
+    m = n * (n + 1) // 2
+    est = (_kth_walsh(xs, (m + 1) // 2) + _kth_walsh(xs, m // 2 + 1)) / 2
+    sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+    k = max(1, int(math.floor(m / 2 - _z(level) * sd)))
+    return Interval(est, _kth_walsh(xs, k), _kth_walsh(xs, m + 1 - k), level)
+
+
+def ks_two_sample(base: ArrayLike, cand: ArrayLike) -> TestResult:
+    """Two-sample Kolmogorov–Smirnov test of the two length distributions."""
+    with warnings.catch_warnings():  # ties make the exact method fall back to asymptotic
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = stats.ks_2samp(np.asarray(base, dtype=float), np.asarray(cand, dtype=float))
+    return TestResult(float(res.statistic), float(res.pvalue))
+
+
+# ---------------------------------------------------------------- multiplicity, rates
+
+
+def holm_adjust(pvalues: ArrayLike) -> np.ndarray:
+    """Holm–Bonferroni step-down adjusted p-values (same order as given, capped at 1)."""
+    p = np.asarray(pvalues, dtype=float)
+    m = p.size
+    if m == 0:
+        return p.copy()
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    out = np.empty(m)
+    out[order] = np.minimum(stepped, 1.0)
+    return out
+
+
+def wilson_ci(k: int, n: int, level: float = 0.95) -> Interval:
+    """Wilson score interval for a single proportion k/n."""
+    if n <= 0:
+        raise ValueError("n must be positive")
+    low, high = _wilson(k, n, _z(level))
+    return Interval(k / n, max(low, 0.0), min(high, 1.0), level)
+
+
+def clopper_pearson_ci(k: int, n: int, level: float = 0.95) -> Interval:
+    """Exact (Clopper–Pearson) interval for a single proportion k/n."""
+    if n <= 0:
+        raise ValueError("n must be positive")
+    a = 1 - level
+    low = 0.0 if k == 0 else float(stats.beta.ppf(a / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.ppf(1 - a / 2, k + 1, n - k))
+    return Interval(k / n, low, high, level)

@@ -1,0 +1,290 @@
+"""kvqual.toml → validated targets, run defaults and gate policy.
+
+Every problem is reported as one `ConfigError` naming the file and the key. Without a
+config file, the built-in targets `bf16`, `fp8` and `fp8_e5m2` run on kvqual's own
+reference server (`kvqual serve`), launched by kvqual on a free port.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+from urllib.parse import urlparse
+
+from kvqual.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvqual.gate import GatePolicy
+
+DEFAULT_CONFIG_NAME = "kvqual.toml"
+KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2")
+BUILTIN_SOURCE = "<built-in targets: kvqual serve>"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One server configuration to evaluate (an arm of a comparison)."""
+
+    name: str
+    base_urls: tuple[str, ...]  # `/v1` roots; several = replicas the runner spreads across
+    model: str | None = None  # None: the first id from /v1/models
+    api_key_env: str | None = None
+    launch: str | None = None  # command kvqual starts (and stops) around a run
+    kv_cache_dtype: str | None = None  # as expected; verified against the server's report
+    tokenizer: str | None = None  # local tokenizer folder, for teacher-forcing chat items
+    launch_timeout: float = 900.0
+
+    @property
+    def base_url(self) -> str:
+        return self.base_urls[0]
+
+    def api_key(self) -> str:
+        """The API key from the environment; never stored anywhere."""
+        if self.api_key_env:
+            return os.environ.get(self.api_key_env, "")
+        return os.environ.get("OPENAI_API_KEY", "") or "EMPTY"
+
+    def with_port(self, port: int) -> "Target":
+        """This target with `{port}` filled in its launch command and base URLs."""
+        fill = lambda s: s.replace("{port}", str(port))  # noqa: E731
+        return replace(
+            self,
+            base_urls=tuple(fill(u) for u in self.base_urls),
+            launch=fill(self.launch) if self.launch else None,
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """What defines this target for run-folder hashing (no secrets, no port)."""
+        return {
+            "name": self.name,
+            "base_urls": list(self.base_urls),
+            "model": self.model,
+            "launch": self.launch,
+            "kv_cache_dtype": self.kv_cache_dtype,
+        }
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """The `[run]` table: defaults for every run (command-line flags override them)."""
+
+    suites: tuple[str, ...] = ()
+    concurrency: int = 32
+    max_tokens: int = 256
+    top_logprobs: int = 5
+    seed: int = 1234
+    temperature: float = 0.0
+    top_p: float = 1.0
+    timeout: float = 600.0
+    retries: int = 5
+    repeats: int = 1
+    limit: int | None = None
+    aa_fraction: float = 1.0  # share of items the A/A replicate covers
+    results_dir: str = "results"
+    max_failed_rate: float = 0.05  # a run above this stops as an infrastructure failure
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str  # the file it came from, or BUILTIN_SOURCE
+    targets: Mapping[str, Target]
+    run: RunDefaults
+    gate: "GatePolicy"
+    builtin: bool = False
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets:
+            known = ", ".join(sorted(self.targets)) or "none"
+            raise ConfigError(self.path, f"targets.{name}", f"no such target (known: {known})")
+        return self.targets[name]
+
+
+_TARGET_TYPES: dict[str, tuple[type, ...]] = {
+    "base_url": (str, list),
+    "model": (str,),
+    "api_key_env": (str,),
+    "launch": (str,),
+    "kv_cache_dtype": (str,),
+    "tokenizer": (str,),
+    "launch_timeout": (int, float),
+}
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {str: "a string", list: "a list of strings", int: "an integer", float: "a number",
+             bool: "true or false", tuple: "a list"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def _check_type(path: str, key: str, value: Any, types: tuple[type, ...]) -> None:
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        raise ConfigError(path, key, f"expected {_type_name(types)}, got {type(value).__name__} {value!r}")
+
+
+def _check_url(path: str, key: str, url: str) -> str:
+    probe = url.replace("{port}", "1")
+    parsed = urlparse(probe)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(path, key, f"not an http(s) URL: {url!r}")
+    try:
+        parsed.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise ConfigError(path, key, f"malformed port in URL: {url!r}") from None
+    return url.rstrip("/")
+
+
+def _parse_target(path: str, name: str, table: Any) -> Target:
+    prefix = f"targets.{name}"
+    if not isinstance(table, dict):
+        raise ConfigError(path, prefix, "expected a table")
+    for key, value in table.items():
+        if key not in _TARGET_TYPES:
+            raise ConfigError(path, f"{prefix}.{key}", f"unknown key (known: {', '.join(_TARGET_TYPES)})")
+        _check_type(path, f"{prefix}.{key}", value, _TARGET_TYPES[key])
+    if "base_url" not in table:
+        raise ConfigError(path, f"{prefix}.base_url", "missing (the server's /v1 root, e.g. http://127.0.0.1:30000/v1)")
+    raw_urls = table["base_url"] if isinstance(table["base_url"], list) else [table["base_url"]]
+    if not raw_urls:
+        raise ConfigError(path, f"{prefix}.base_url", "empty list")
+    urls = []
+    for u in raw_urls:
+        _check_type(path, f"{prefix}.base_url", u, (str,))
+        urls.append(_check_url(path, f"{prefix}.base_url", u))
+    dtype = table.get("kv_cache_dtype")
+    if dtype is not None and dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(path, f"{prefix}.kv_cache_dtype", f"{dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    launch = table.get("launch")
+    if launch is not None:
+        try:
+            if not shlex.split(launch):
+                raise ValueError("empty command")
+        except ValueError as exc:
+            raise ConfigError(path, f"{prefix}.launch", f"cannot be split like a shell would: {exc}") from None
+    if any("{port}" in u for u in urls) and not launch:
+        raise ConfigError(path, f"{prefix}.base_url", "uses {port} but the target has no launch command")
+    return Target(
+        name=name,
+        base_urls=tuple(urls),
+        model=table.get("model"),
+        api_key_env=table.get("api_key_env"),
+        launch=launch,
+        kv_cache_dtype=dtype,
+        tokenizer=table.get("tokenizer"),
+        launch_timeout=float(table.get("launch_timeout", Target.launch_timeout)),
+    )
+
+
+def _parse_run(path: str, table: Any) -> RunDefaults:
+    if not isinstance(table, dict):
+        raise ConfigError(path, "run", "expected a table")
+    known = {f.name: f for f in fields(RunDefaults)}
+    types: dict[str, tuple[type, ...]] = {
+        "suites": (list,), "concurrency": (int,), "max_tokens": (int,), "top_logprobs": (int,),
+        "seed": (int,), "temperature": (int, float), "top_p": (int, float), "timeout": (int, float),
+        "retries": (int,), "repeats": (int,), "limit": (int,), "aa_fraction": (int, float),
+        "results_dir": (str,), "max_failed_rate": (int, float), "stream": (bool,),
+    }
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(path, f"run.{key}", f"unknown key (known: {', '.join(known)})")
+        _check_type(path, f"run.{key}", value, types[key])
+        values[key] = value
+    if "suites" in values:
+        for s in values["suites"]:
+            _check_type(path, "run.suites", s, (str,))
+        values["suites"] = tuple(values["suites"])
+    run = RunDefaults(**values)
+    validate_run(run, path, prefix="run.")
+    return run
+
+
+def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
+    """Range checks shared by the config file and command-line overrides."""
+    sep = "." if prefix == "run." else ""
+    name = (lambda k: f"{prefix}{k}") if sep else (lambda k: f"{prefix}{k.replace('_', '-')}")
+    checks = [
+        ("concurrency", run.concurrency >= 1, "must be at least 1"),
+        ("max_tokens", run.max_tokens >= 1, "must be at least 1"),
+        ("top_logprobs", 0 <= run.top_logprobs <= 20, "must be between 0 and 20 (servers cap top-k at 20)"),
+        ("temperature", run.temperature >= 0, "must be >= 0"),
+        ("top_p", 0 < run.top_p <= 1, "must be in (0, 1]"),
+        ("timeout", run.timeout > 0, "must be > 0 seconds"),
+        ("retries", run.retries >= 0, "must be >= 0"),
+        ("repeats", run.repeats >= 1, "must be at least 1"),
+        ("limit", run.limit is None or run.limit >= 1, "must be at least 1"),
+        ("aa_fraction", 0 <= run.aa_fraction <= 1, "must be between 0 and 1"),
+        ("max_failed_rate", 0 <= run.max_failed_rate <= 1, "must be between 0 and 1"),
+    ]
+    for key, ok, problem in checks:
+        if not ok:
+            raise ConfigError(source, name(key), f"{problem} (got {getattr(run, key)!r})")
+
+
+def builtin_targets() -> dict[str, Target]:
+    """bf16 / fp8 (e4m3) / fp8_e5m2 on the reference server, launched on a free port."""
+    py = shlex.quote(sys.executable)
+    targets = {}
+    for name, dtype in (("bf16", "bf16"), ("fp8", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2")):
+        targets[name] = Target(
+            name=name,
+            base_urls=("http://127.0.0.1:{port}/v1",),
+            launch=f"{py} -m kvqual serve --kv-cache-dtype {dtype} --port {{port}}",
+            kv_cache_dtype=dtype,
+        )
+    return targets
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load `path`, else ./kvqual.toml, else the built-in targets."""
+    from kvqual.gate import GatePolicy
+
+    if path is None:
+        if not Path(DEFAULT_CONFIG_NAME).is_file():
+            return Config(BUILTIN_SOURCE, builtin_targets(), RunDefaults(), GatePolicy(), builtin=True)
+        path = DEFAULT_CONFIG_NAME
+    source = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(source, "-", "file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, "-", f"not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, "-", f"cannot read: {exc}") from None
+
+    for key in data:
+        if key not in ("targets", "run", "gate"):
+            raise ConfigError(source, key, "unknown table (known: targets, run, gate)")
+    raw_targets = data.get("targets", {})
+    if not isinstance(raw_targets, dict) or not raw_targets:
+        raise ConfigError(source, "targets", "no targets defined (add [targets.NAME] with base_url)")
+    targets = {name: _parse_target(source, name, table) for name, table in raw_targets.items()}
+    run = _parse_run(source, data.get("run", {}))
+    gate_table = data.get("gate", {})
+    if not isinstance(gate_table, dict):
+        raise ConfigError(source, "gate", "expected a table")
+    gate = GatePolicy.from_mapping(gate_table, source)
+    return Config(source, targets, run, gate)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line values that replace `[run]` defaults (None = keep the default)."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def apply(self, run: RunDefaults) -> RunDefaults:
+        present = {k: v for k, v in self.values.items() if v is not None}
+        if "suites" in present:
+            present["suites"] = tuple(present["suites"])
+        updated = replace(run, **present)
+        validate_run(updated, "command line")
+        return updated

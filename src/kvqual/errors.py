@@ -1,0 +1,68 @@
+"""The exceptions kvqual raises. Only the CLI turns them into messages and exit codes.
+
+    KvqualError                   base; exit code 2 unless a subclass says otherwise
+    ├── UsageError                bad command-line use                         (exit 2)
+    ├── ConfigError               kvqual.toml invalid: names file and key       (exit 2)
+    ├── SuiteError                suite file invalid: names file and line       (exit 2)
+    ├── MismatchError             the two arms do not run what the config says  (exit 2)
+    ├── ServerContractError       a server dropped data kvqual needs            (exit 4)
+    └── InfrastructureError       a target unreachable, too many failed requests (exit 4)
+        └── LaunchError           a launched server did not come up / go down   (exit 4)
+"""
+
+from __future__ import annotations
+
+
+class KvqualError(Exception):
+    """Base of every error kvqual reports to the user."""
+
+    exit_code = 2
+
+
+class UsageError(KvqualError):
+    exit_code = 2
+
+
+class ConfigError(KvqualError):
+    """kvqual.toml is invalid. The message names the file and the key."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        self.path, self.key, self.problem = path, key, problem
+        super().__init__(f"{path}: {key}: {problem}")
+
+
+class SuiteError(KvqualError):
+    """A suite file is invalid. The message names the file and the line."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, line: int | None, problem: str) -> None:
+        self.path, self.line, self.problem = path, line, problem
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {problem}")
+
+
+class MismatchError(KvqualError):
+    """The arms of a comparison do not run what the config says (models, KV dtypes)."""
+
+    exit_code = 2
+
+
+class InfrastructureError(KvqualError):
+    """A target is unreachable, or too many requests failed to trust the run."""
+
+    exit_code = 4
+
+
+class ServerContractError(InfrastructureError):
+    """A server answered, but without data kvqual needs (e.g. no echo logprobs)."""
+
+    exit_code = 4
+
+
+class LaunchError(InfrastructureError):
+    """A server kvqual launched did not become healthy, or would not stop."""
+
+    exit_code = 4

@@ -1,0 +1,158 @@
+"""Start a target's server, wait until it really serves, and stop it (process group) after.
+
+The users who need kvqual most run one model on all their GPUs, so the two arms cannot run
+side by side: each is start → wait → run → stop, and the next may start only once the
+previous server has let go of its port. A launched server never outlives kvqual: on
+success, error or Ctrl-C it gets SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+import httpx
+
+from kvqual.config import Target
+from kvqual.errors import LaunchError
+from kvqual.probe import server_root
+
+GRACE_S = 30.0
+_live: set[int] = set()  # process-group ids still running, stopped at exit as a last resort
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _port_of(target: Target) -> int | None:
+    from urllib.parse import urlparse
+
+    return urlparse(target.base_url).port
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in lines[-n:] if line.strip())
+
+
+def _say(message: str) -> None:
+    print(f"kvqual: {message}", file=sys.stderr, flush=True)
+
+
+def stop_group(proc: subprocess.Popen, grace: float = GRACE_S) -> None:
+    """SIGTERM to the process group, SIGKILL after `grace` seconds."""
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    # children that outlived the leader still hold the group: kill what is left
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    _live.discard(pgid)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for pgid in list(_live):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+async def wait_healthy(target: Target, proc: subprocess.Popen, log: Path, timeout: float) -> float:
+    """Poll /health, then send a one-token request; seconds it took. LaunchError on failure."""
+    root = server_root(target.base_url)
+    t0 = time.monotonic()
+    last_note = t0
+    headers = {"Authorization": f"Bearer {target.api_key()}"}
+    async with httpx.AsyncClient(timeout=10.0, headers=headers) as client:
+        while True:
+            if proc.poll() is not None:
+                raise LaunchError(f"{target.name}: server exited with code {proc.returncode} while starting; "
+                                  f"log {log}: {_tail(log)}")
+            elapsed = time.monotonic() - t0
+            if elapsed > timeout:
+                raise LaunchError(f"{target.name}: not healthy after {timeout:.0f} s; log {log}: {_tail(log)}")
+            try:
+                health = await client.get(f"{root}/health")
+                if health.status_code == 200:
+                    models = (await client.get(f"{target.base_url}/models")).json()["data"]
+                    model = target.model or models[0]["id"]
+                    one = await client.post(f"{target.base_url}/completions",
+                                            json={"model": model, "prompt": "Hello", "max_tokens": 1})
+                    if one.status_code == 200:
+                        return time.monotonic() - t0
+            except (httpx.HTTPError, ValueError, KeyError, IndexError):
+                pass
+            if time.monotonic() - last_note > 15:
+                _say(f"waiting for {target.name} to become healthy… {elapsed:.0f} s")
+                last_note = time.monotonic()
+            await asyncio.sleep(0.5)
+
+
+@contextlib.asynccontextmanager
+async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
+    """Start `target.launch` (with `{port}` filled), yield the ready target, always stop it."""
+    assert target.launch
+    if "{port}" in target.launch or any("{port}" in u for u in target.base_urls):
+        target = target.with_port(free_port())
+    port = _port_of(target)
+    if port is not None and not port_is_free(port):
+        raise LaunchError(f"{target.name}: port {port} is already in use; stop what holds it or use {{port}}")
+    log_dir = Path(results_dir) / "launch-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{target.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    argv = shlex.split(target.launch)
+    _say(f"starting {target.name}: {target.launch}  (log: {log})")
+    with log.open("ab") as fh:
+        try:
+            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"{target.name}: cannot start {argv[0]!r}: {exc}") from None
+    _live.add(proc.pid)
+    try:
+        took = await wait_healthy(target, proc, log, target.launch_timeout)
+        _say(f"{target.name} is healthy after {took:.1f} s at {target.base_url}")
+        yield target
+    finally:
+        _say(f"stopping {target.name}")
+        stop_group(proc)
+        if port is not None:
+            deadline = time.monotonic() + 15
+            while not port_is_free(port):
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"{target.name}: port {port} still in use after the server stopped")
+                await asyncio.sleep(0.2)

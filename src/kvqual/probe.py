@@ -1,0 +1,109 @@
+"""What a server says about itself: served models, SGLang/reference `/get_server_info`,
+vLLM's `vllm:cache_config_info` in Prometheus `/metrics`. Reads only; never changes a server
+(except `flush_cache`, which SGLang offers to empty its prefix cache before a run).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from kvqual.errors import InfrastructureError
+
+
+def server_root(base_url: str) -> str:
+    """`http://h:p/v1` → `http://h:p` (server-native endpoints live at the root)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+_PROM_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_PROM_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition → {metric name: [(labels, value), ...]}."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _PROM_LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        labels = dict(_PROM_LABEL.findall(m.group("labels") or ""))
+        out.setdefault(m.group("name"), []).append((labels, value))
+    return out
+
+
+def kv_dtype_from_metrics(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> str | None:
+    """vLLM exports `vllm:cache_config_info{cache_dtype="fp8",...} 1`."""
+    for labels, _ in metrics.get("vllm:cache_config_info", []):
+        if "cache_dtype" in labels:
+            return labels["cache_dtype"]
+    return None
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
+    try:
+        response = await client.get(url)
+    except httpx.HTTPError:
+        return None
+    return response if response.status_code == 200 else None
+
+
+async def describe(base_url: str, api_key: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Everything the server reports about itself. Unreachable → InfrastructureError."""
+    root = server_root(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
+        try:
+            response = await client.get(f"{base_url.rstrip('/')}/models")
+        except httpx.HTTPError as exc:
+            raise InfrastructureError(f"{base_url}: unreachable ({type(exc).__name__}: {exc})") from None
+        if response.status_code != 200:
+            raise InfrastructureError(f"{base_url}/models: HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            models = [m["id"] for m in response.json().get("data", [])]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise InfrastructureError(f"{base_url}/models: not an OpenAI model list") from None
+        info: dict[str, Any] = {"models": models}
+        server_info = await _get(client, f"{root}/get_server_info")
+        if server_info is not None:
+            try:
+                info["server_info"] = server_info.json()
+            except ValueError:
+                pass
+        metrics = await _get(client, f"{root}/metrics")
+        if metrics is not None:
+            parsed = parse_prometheus(metrics.text)
+            info["metrics_available"] = True
+            vllm_dtype = kv_dtype_from_metrics(parsed)
+            if vllm_dtype is not None:
+                info["vllm_cache_dtype"] = vllm_dtype
+    info["kv_cache_dtype"] = reported_kv_dtype(info)
+    return info
+
+
+def reported_kv_dtype(info: dict[str, Any]) -> str | None:
+    """The KV dtype the server reports, from whichever source it offers."""
+    si = info.get("server_info") or {}
+    if isinstance(si, dict) and si.get("kv_cache_dtype"):
+        return str(si["kv_cache_dtype"])
+    return info.get("vllm_cache_dtype")
+
+
+async def flush_cache(base_url: str, api_key: str, timeout: float = 30.0) -> bool:
+    """SGLang's POST /flush_cache; True when the server flushed."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
+        try:
+            response = await client.post(f"{server_root(base_url)}/flush_cache")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200

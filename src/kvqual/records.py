@@ -1,0 +1,234 @@
+"""Values that travel through the pipeline: items, token logprobs, samples, run manifests.
+
+Every record is a frozen dataclass with `to_json()` / `from_json()` so that what lands on
+disk (suite JSONL, samples.jsonl, manifest.json) round-trips exactly. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+Api = Literal["completions", "chat"]
+
+SCHEMA_VERSION = 1
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(value) if value else {}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One evaluation or training prompt (a line of a suite file).
+
+    `prompt` items go to /v1/completions, `messages` items to /v1/chat/completions.
+    Items without `answer` are sampled training prompts: compared by distribution only.
+    `context_id` groups items built on one shared context (e.g. several questions about
+    one long document), so error bars can be clustered.
+    """
+
+    id: str
+    suite: str
+    prompt: str | tuple[int, ...] | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    answer: str | None = None
+    scorer: str | None = None
+    scorer_params: Mapping[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    category: str | None = None
+    context_id: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def api(self) -> Api:
+        return "chat" if self.messages is not None else "completions"
+
+    @property
+    def scored(self) -> bool:
+        """True for evaluation items (compared by score); False for training prompts."""
+        return self.scorer is not None or self.answer is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The suite-file form of this item (the `suite` field is implied by the file)."""
+        out: dict[str, Any] = {"id": self.id}
+        if self.prompt is not None:
+            out["prompt"] = list(self.prompt) if isinstance(self.prompt, tuple) else self.prompt
+        if self.messages is not None:
+            out["messages"] = [dict(m) for m in self.messages]
+        for name in ("answer", "scorer", "max_tokens", "category", "context_id"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.scorer_params:
+            out["scorer_params"] = dict(self.scorer_params)
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        return out
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Per-token logprobs in one shape for both APIs.
+
+    `top_logprobs[i]` maps the top-k alternative token strings at position i to their
+    logprobs (it may hold fewer than k entries when tokens collide as strings).
+    `token_ids` is present when the server returned them.
+    """
+
+    tokens: tuple[str, ...]
+    token_logprobs: tuple[float | None, ...]
+    top_logprobs: tuple[Mapping[str, float], ...] = ()
+    text_offset: tuple[int, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "tokens": list(self.tokens),
+            "token_logprobs": list(self.token_logprobs),
+            "top_logprobs": [dict(t) for t in self.top_logprobs],
+        }
+        if self.text_offset is not None:
+            out["text_offset"] = list(self.text_offset)
+        if self.token_ids is not None:
+            out["token_ids"] = list(self.token_ids)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TokenLogprobs":
+        return cls(
+            tokens=tuple(data["tokens"]),
+            token_logprobs=tuple(data["token_logprobs"]),
+            top_logprobs=tuple(dict(t) for t in data.get("top_logprobs") or ()),
+            text_offset=tuple(data["text_offset"]) if data.get("text_offset") is not None else None,
+            token_ids=tuple(data["token_ids"]) if data.get("token_ids") is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One answer (or one failure) for one item and repeat: a line of samples.jsonl.
+
+    `error` is None when the request succeeded; otherwise `text` is None and the sample
+    must never be scored as an answer.
+    """
+
+    id: str
+    suite: str
+    repeat: int
+    text: str | None
+    finish_reason: str | None
+    completion_tokens: int | None
+    error: str | None
+    prompt_tokens: int | None = None
+    latency_s: float | None = None
+    started_at: float | None = None  # unix time the (last) attempt started
+    attempts: int = 1
+    logprobs: TokenLogprobs | None = None
+    score: float | None = None  # filled where the scorer is known at run time (lm-eval)
+    ttft_s: float | None = None  # time to first token, streamed runs only
+    base_url: str | None = None  # the replica that answered
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """The pairing key: (suite, item id, repeat). Never pair by position."""
+        return (self.suite, self.id, self.repeat)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["logprobs"] = self.logprobs.to_json() if self.logprobs is not None else None
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Sample":
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        if kwargs.get("logprobs") is not None:
+            kwargs["logprobs"] = TokenLogprobs.from_json(kwargs["logprobs"])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What every request of a run is sent with (items may override max_tokens)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 1234
+    max_tokens: int = 256
+    top_logprobs: int = 5
+    repeats: int = 1
+    stream: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SuiteRef:
+    """A suite as a run used it: name, where it came from, the hash of its content."""
+
+    name: str
+    source: str
+    sha256: str
+    n_items: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    """manifest.json: what ran, where, with which parameters and server-reported config."""
+
+    run_id: str
+    key: str  # content hash of (target identity, suites, params, limit, replicate)
+    target: str
+    base_urls: tuple[str, ...]
+    model: str | None
+    kv_cache_dtype: str | None  # as configured
+    suites: tuple[SuiteRef, ...]
+    params: GenerationParams
+    limit: int | None
+    replicate: int
+    fraction: float  # share of items covered (an A/A replicate may cover fewer)
+    concurrency: int
+    status: Literal["running", "complete", "incomplete"]
+    started_at: float
+    finished_at: float | None
+    counts: Mapping[str, int]
+    server_info: Mapping[str, Any] = field(default_factory=dict)
+    kvqual_version: str = ""
+    git_revision: str | None = None
+    packages: Mapping[str, str] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["params"] = self.params.to_json()
+        out["suites"] = [s.to_json() for s in self.suites]
+        out["base_urls"] = list(self.base_urls)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RunManifest":
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["params"] = GenerationParams(**data["params"])
+        kwargs["suites"] = tuple(SuiteRef(**s) for s in data["suites"])
+        kwargs["base_urls"] = tuple(data["base_urls"])
+        return cls(**kwargs)
+
+
+def dumps_line(obj: Mapping[str, Any]) -> str:
+    """One compact JSON line (UTF-8 kept readable), newline-terminated."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"

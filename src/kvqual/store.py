@@ -1,0 +1,166 @@
+"""The results store: `results/<run-id>/manifest.json` + `samples.jsonl`, resumable.
+
+samples.jsonl is append-only and flushed per line, so a run killed at any point keeps
+every answer received. On resume the file is compacted once (atomically): successful
+samples are kept, a torn last line is dropped, and failed samples are moved to
+`retried.jsonl` so their items are asked again — each key then appears exactly once.
+The manifest is replaced atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from kvqual.errors import KvqualError
+from kvqual.records import RunManifest, Sample, dumps_line
+
+MANIFEST = "manifest.json"
+SAMPLES = "samples.jsonl"
+RETRIED = "retried.jsonl"
+
+Key = tuple[str, str, int]
+
+
+def run_key(identity: Mapping[str, Any]) -> str:
+    """Content hash that finds a run folder again from what defines the run."""
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, ensure_ascii=False, default=str)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def iter_sample_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(line number, decoded object or None for a torn/undecodable line)."""
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                yield lineno, None
+                continue
+            yield lineno, obj if isinstance(obj, dict) else None
+
+
+def load_samples(run_dir: str | Path) -> dict[Key, Sample]:
+    """Every sample of a run by key; a later line for a key replaces an earlier one."""
+    path = Path(run_dir) / SAMPLES
+    if not path.is_file():
+        raise KvqualError(f"{run_dir}: not a kvqual run folder (no {SAMPLES})")
+    out: dict[Key, Sample] = {}
+    for lineno, obj in iter_sample_lines(path):
+        if obj is None:
+            continue  # torn line from a killed run; the item was not answered
+        try:
+            sample = Sample.from_json(obj)
+        except (TypeError, KeyError) as exc:
+            raise KvqualError(f"{path}:{lineno}: not a kvqual sample: {exc}") from None
+        out[sample.key] = sample
+    return out
+
+
+def load_manifest(run_dir: str | Path) -> RunManifest:
+    path = Path(run_dir) / MANIFEST
+    try:
+        return RunManifest.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise KvqualError(f"{run_dir}: not a kvqual run folder (no {MANIFEST})") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise KvqualError(f"{path}: unreadable manifest: {exc}") from None
+
+
+class RunStore:
+    """Append-only writer for one run folder; reopens an existing run to resume it."""
+
+    def __init__(self, run_dir: Path, manifest: RunManifest) -> None:
+        self.run_dir = run_dir
+        self.manifest = manifest
+        self.done: set[Key] = set()  # keys answered successfully (keys only: constant memory per sample)
+        self._fh = None
+
+    @classmethod
+    def open(cls, results_dir: str | Path, manifest: RunManifest, *, rerun: bool = False) -> "RunStore":
+        """Create `results_dir/<run_id>`, or resume it. `rerun` keeps the old folder as a backup."""
+        run_dir = Path(results_dir) / manifest.run_id
+        if rerun and run_dir.exists():
+            backup = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            shutil.move(str(run_dir), str(backup))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        store = cls(run_dir, manifest)
+        samples = run_dir / SAMPLES
+        if samples.exists():
+            previous = _previous_manifest(run_dir)
+            if previous is not None:
+                store.manifest = _resumed(manifest, previous)
+            store._compact(samples)
+        store._fh = samples.open("a", encoding="utf-8")
+        store.write_manifest()
+        return store
+
+    def _compact(self, samples: Path) -> None:
+        kept: dict[Key, str] = {}
+        failed: list[str] = []
+        for _, obj in iter_sample_lines(samples):
+            if obj is None:
+                continue
+            line = dumps_line(obj)
+            key = (obj.get("suite"), obj.get("id"), obj.get("repeat"))
+            if obj.get("error") is None:
+                kept[key] = line  # type: ignore[index]
+            else:
+                failed.append(line)
+        tmp = samples.with_name(f".{SAMPLES}.tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.writelines(kept.values())
+            fh.flush()
+            os.fsync(fh.fileno())
+        if failed:
+            with (self.run_dir / RETRIED).open("a", encoding="utf-8") as fh:
+                fh.writelines(failed)
+        os.replace(tmp, samples)
+        self.done = set(kept)
+
+    def append(self, sample: Sample) -> None:
+        assert self._fh is not None
+        self._fh.write(dumps_line(sample.to_json()))
+        self._fh.flush()
+        if sample.ok:
+            self.done.add(sample.key)
+
+    def write_manifest(self) -> None:
+        write_json_atomic(self.run_dir / MANIFEST, self.manifest.to_json())
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _previous_manifest(run_dir: Path) -> RunManifest | None:
+    try:
+        return load_manifest(run_dir)
+    except KvqualError:
+        return None
+
+
+def _resumed(new: RunManifest, old: RunManifest) -> RunManifest:
+    """Keep the original start time; note how many times the run was resumed."""
+    from dataclasses import replace
+
+    resumes = int(old.counts.get("resumes", 0)) + 1
+    return replace(new, started_at=old.started_at, counts={**new.counts, "resumes": resumes})

@@ -1,0 +1,303 @@
+"""Built-in suites generated from a seed: probes that an fp8 KV cache breaks first.
+
+Each suite is a pure function of (seed, item index): item i never depends on how many
+items were asked for, so `generate(name, limit=k)` is the first k items of the full suite
+and one seed always gives byte-identical items. No model or tokenizer is needed: lengths
+in tokens are approximated as characters / CHARS_PER_TOKEN (measured on the filler with
+the SmolLM2 tokenizer: 3.99-4.04 characters per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from kvqual.errors import UsageError
+from kvqual.records import Item, dumps_line
+
+__all__ = ["BUILTIN_SUITES", "BuiltinSuite", "PROFILES", "CHARS_PER_TOKEN", "generate",
+           "add_arguments", "run"]
+
+CHARS_PER_TOKEN = 4.0
+
+_FILLER = (
+    "The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
+    "There and back again.", "The river flows to the sea.", "Birds sing in the morning.",
+    "A cat sleeps on the mat.", "The road winds through the hills.", "Rain falls on the roof.",
+    "The market opens at dawn.", "Clouds drift over the town.", "A dog barks far away.",
+    "The old clock ticks on the wall.", "Leaves turn brown in autumn.",
+)
+_WORDS = (
+    "apple river stone cloud green table window garden music paper silver orange tiger "
+    "forest candle bridge yellow rocket planet winter summer pencil basket mirror dragon "
+    "castle button jacket ladder meadow pepper rabbit saddle temple violet wallet anchor"
+).split()
+_COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "brown")
+_TOPICS = ("the ocean", "a city at night", "coffee", "mountains", "a library", "trains",
+           "the moon", "a garden", "winter", "bicycles", "music", "friendship")
+_NAMES = ("Alice", "Bob", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas")
+
+
+def _rng(name: str, seed: int, *key: object) -> random.Random:
+    """A generator seeded by text, so the stream is stable across Python runs and platforms."""
+    return random.Random(":".join(str(k) for k in (name, seed, *key)))
+
+
+def _chat(text: str) -> tuple[dict[str, str], ...]:
+    return ({"role": "user", "content": text},)
+
+
+_DISTRACTORS = ("The pass code is {n}.", "The key number is {n}.", "The passport number is {n}.",
+                "The post code is {n}.", "Bus {n} leaves at noon.", "Room {n} is on the left.")
+
+
+def _filler(rng: random.Random, n_chars: int, distractor_rate: float = 0.0) -> list[str]:
+    """Bland sentences totalling about n_chars characters; some carry 5-digit distractors."""
+    out: list[str] = []
+    total = 0
+    while total < n_chars:
+        if rng.random() < distractor_rate:
+            sentence = rng.choice(_DISTRACTORS).format(n=rng.randint(10000, 99999))
+        else:
+            sentence = rng.choice(_FILLER)
+        out.append(sentence)
+        total += len(sentence) + 1
+    return out
+
+
+def _insert(sentences: list[str], needles: list[tuple[float, str]]) -> str:
+    """Put each needle sentence at its relative depth (0 = start, 1 = end) of the filler."""
+    out = list(sentences)
+    for depth, needle in sorted(needles, reverse=True):
+        out.insert(round(depth * len(out)), needle)
+    return " ".join(out)
+
+
+# --- long-context retrieval -------------------------------------------------------------
+
+_PASSKEY_DEPTHS = (0.1, 0.5, 0.9)
+
+
+def _passkey_item(suite: str, lengths: tuple[int, ...], distractors: float, seed: int, i: int) -> Item:
+    rng = _rng(suite, seed, i)
+    length = lengths[i % len(lengths)]
+    depth = _PASSKEY_DEPTHS[(i // len(lengths)) % len(_PASSKEY_DEPTHS)]
+    key = str(rng.randint(10000, 99999))
+    needle = f"The pass key is {key}. Remember it."
+    doc = _insert(_filler(rng, int(length * CHARS_PER_TOKEN), distractors), [(depth, needle)])
+    prompt = (
+        "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n\n"
+        f"{doc}\n\nWhat is the pass key? Answer with the number only."
+    )
+    return Item(id=f"{suite}-{i:04d}", suite=suite, messages=_chat(prompt), answer=key,
+                scorer="passkey", max_tokens=24, category=f"len{length}",
+                meta={"length_tokens": length, "depth": depth})
+
+
+def _needles_item(suite: str, lengths: tuple[int, ...], seed: int, i: int, per_doc: int = 3) -> Item:
+    doc_index, q = divmod(i, per_doc)
+    rng = _rng(suite, seed, doc_index)
+    length = lengths[doc_index % len(lengths)]
+    colors = rng.sample(_COLORS, per_doc)
+    codes = [str(rng.randint(1000, 9999)) for _ in colors]
+    depths = [(k + 0.5) / per_doc for k in range(per_doc)]
+    needles = [(d, f"The secret number of the {c} box is {n}.") for d, c, n in zip(depths, colors, codes)]
+    doc = _insert(_filler(rng, int(length * CHARS_PER_TOKEN)), needles)
+    prompt = (
+        f"Several boxes have secret numbers hidden in the text below.\n\n{doc}\n\n"
+        f"What is the secret number of the {colors[q]} box? Answer with the number only."
+    )
+    return Item(id=f"{suite}-{i:04d}", suite=suite, messages=_chat(prompt), answer=codes[q],
+                scorer="passkey", max_tokens=24, category=f"len{length}",
+                context_id=f"{suite}-doc{doc_index:04d}",
+                meta={"length_tokens": length, "depth": depths[q], "needles": per_doc})
+
+
+def _kv_item(suite: str, seed: int, i: int, per_table: int = 2) -> Item:
+    table_index, q = divmod(i, per_table)
+    rng = _rng(suite, seed, table_index)
+    sizes = (2, 4, 8)
+    size = sizes[table_index % len(sizes)]
+    keys = rng.sample(_WORDS, size)
+    values = [str(rng.randint(100, 999)) for _ in keys]
+    asked = rng.sample(range(size), per_table)[q]
+    table = "\n".join(f"{k}: {v}" for k, v in zip(keys, values))
+    prompt = (
+        f"Here is a table of keys and values.\n\n{table}\n\n"
+        f"What is the value for the key \"{keys[asked]}\"? Answer with the number only."
+    )
+    return Item(id=f"{suite}-{i:04d}", suite=suite, messages=_chat(prompt), answer=values[asked],
+                scorer="passkey", max_tokens=24, category=f"pairs{size}",
+                context_id=f"{suite}-table{table_index:04d}", meta={"pairs": size})
+
+
+# --- long decode ------------------------------------------------------------------------
+
+
+def _decode_item(suite: str, seed: int, i: int) -> Item:
+    rng = _rng(suite, seed, i)
+    kinds = ("copy6", "count15", "copy10", "count30")
+    kind = kinds[i % len(kinds)]
+    if kind.startswith("copy"):
+        n = int(kind[4:])
+        answer = ", ".join(rng.choice(_WORDS) for _ in range(n))
+        prompt = f"Repeat the following words exactly, in the same order, and nothing else:\n{answer}"
+        max_tokens = 3 * n + 24
+    else:
+        n = int(kind[5:])
+        start = rng.randint(10, 300)
+        answer = ", ".join(str(k) for k in range(start, start + n))
+        prompt = (f"Count from {start} to {start + n - 1}, writing the numbers separated by "
+                  "commas and nothing else.")
+        max_tokens = 6 * n + 24  # the SmolLM2 tokenizer splits numbers into digits
+    return Item(id=f"{suite}-{i:04d}", suite=suite, messages=_chat(prompt), answer=answer,
+                scorer="exact", scorer_params={"prefix": True, "ignore_case": True, "ignore_punct": True},
+                max_tokens=max_tokens, category=kind, meta={"length_words": n})
+
+
+# --- arithmetic -------------------------------------------------------------------------
+
+
+def _arith_item(suite: str, seed: int, i: int) -> Item:
+    rng = _rng(suite, seed, i)
+    levels = ("add1", "add2", "sub1", "mul1", "add10")
+    level = levels[i % len(levels)]
+    if level == "add1":
+        a, b, op = rng.randint(1, 9), rng.randint(1, 9), "+"
+    elif level == "add2":
+        a, b, op = rng.randint(10, 99), rng.randint(1, 9), "+"
+    elif level == "sub1":
+        a, b, op = rng.randint(5, 9), rng.randint(1, 4), "-"
+    elif level == "mul1":
+        a, b, op = rng.randint(2, 9), rng.randint(2, 9), "*"
+    else:
+        a, b, op = 10 * rng.randint(1, 5), 10 * rng.randint(1, 4), "+"
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    prompt = f"What is {a} {op} {b}? Answer with the number only."
+    return Item(id=f"{suite}-{i:04d}", suite=suite, messages=_chat(prompt), answer=str(value),
+                scorer="number", max_tokens=48, category=level)
+
+
+# --- instruction following --------------------------------------------------------------
+
+
+def _instruct_item(suite: str, seed: int, i: int) -> Item:
+    rng = _rng(suite, seed, i)
+    kinds = ("word", "list", "short", "json", "start")
+    kind = kinds[i % len(kinds)]
+    topic = rng.choice(_TOPICS)
+    params: dict[str, object] = {}
+    if kind == "word":
+        word = rng.choice(_WORDS)
+        prompt = f"Write one sentence about {topic} that uses the word \"{word}\"."
+        answer, scorer = word, "contains"
+    elif kind == "list":
+        prompt = f"List three facts about {topic} as a numbered list."
+        answer, scorer = "a numbered list of at least 3 lines", "regex"
+        params = {"pattern": r"^\s*1[.)] *\S.*\n\s*2[.)] *\S.*\n\s*3[.)] *\S", "flags": "m"}
+    elif kind == "short":
+        k = rng.choice((5, 8, 10))
+        prompt = f"Describe {topic} in at most {k} words."
+        answer, scorer, params = f"at most {k} words", "word_count", {"max": k}
+    elif kind == "json":
+        name, age = rng.choice(_NAMES), rng.randint(18, 80)
+        prompt = (f"Give a JSON object with the keys \"name\" and \"age\" for a person named "
+                  f"{name} who is {age} years old. Output only the JSON.")
+        answer, scorer, params = "JSON with keys name, age", "json_keys", {"keys": ["name", "age"]}
+    else:
+        word = rng.choice(("Yes", "No", "Certainly", "Today"))
+        prompt = f"Start your reply with the word \"{word}\". Tell me about {topic} in one sentence."
+        answer, scorer = word, "regex"
+        params = {"pattern": rf"^\W*{word}\b", "flags": "i"}
+    return Item(id=f"{suite}-{i:04d}", suite=suite, messages=_chat(prompt), answer=answer,
+                scorer=scorer, scorer_params=params, max_tokens=64, category=kind)
+
+
+@dataclass(frozen=True)
+class BuiltinSuite:
+    """A generated suite: its name, what it probes, its scorer(s), its default size."""
+
+    name: str
+    description: str
+    scorer: str
+    default_n: int
+    make: Callable[[str, int, int], Item]
+
+
+BUILTIN_SUITES: dict[str, BuiltinSuite] = {
+    s.name: s
+    for s in (
+        BuiltinSuite("passkey", "long-context retrieval: a 5-digit pass key at depth 10/50/90% "
+                     "of 512/1K/2K-token filler full of look-alike 5-digit codes", "passkey", 36,
+                     lambda n, s, i: _passkey_item(n, (512, 1024, 2048), 0.25, s, i)),
+        BuiltinSuite("passkey_long", "long-context retrieval: pass key at depth 10/50/90% of "
+                     "4K/7K-token plain filler (near the default model's 8K context)", "passkey", 12,
+                     lambda n, s, i: _passkey_item(n, (4096, 7168), 0.0, s, i)),
+        BuiltinSuite("needles", "multi-needle retrieval: 3 secret numbers per 512/1K-token "
+                     "document, one question each (clustered by document)", "passkey", 24,
+                     lambda n, s, i: _needles_item(n, (512, 1024), s, i)),
+        BuiltinSuite("kv_recall", "key-value recall: a table of 2/4/8 word→number pairs, "
+                     "2 questions per table", "passkey", 36, _kv_item),
+        BuiltinSuite("long_decode", "long decode: copy 6/10 random words, count 15/30 numbers; the "
+                     "output must start with them (decode path, length, stopping)", "exact", 24, _decode_item),
+        BuiltinSuite("arith", "arithmetic with exact answers: 1-digit +, -, ×; 2-digit + 1-digit; "
+                     "tens + tens (5 levels)", "number", 50, _arith_item),
+        BuiltinSuite("instruct", "instruction following: use a word, a numbered list, a word limit, "
+                     "JSON keys, a given first word", "contains/regex/word_count/json_keys",
+                     40, _instruct_item),
+    )
+}
+
+# (suite, n) pairs. "default": ~2-4 minutes per arm on the embedded default (2-core CPU).
+PROFILES: dict[str, tuple[tuple[str, int], ...]] = {
+    "default": (("passkey", 18), ("needles", 12), ("kv_recall", 24), ("long_decode", 16),
+                ("arith", 40), ("instruct", 30)),
+    "thorough": (("passkey", 72), ("passkey_long", 12), ("needles", 48), ("kv_recall", 72),
+                 ("long_decode", 48), ("arith", 150), ("instruct", 100)),
+}
+
+
+def generate(name: str, *, seed: int = 0, limit: int | None = None) -> list[Item]:
+    """The first `limit` (default: the suite's default_n) items of built-in suite `name`."""
+    suite = BUILTIN_SUITES.get(name)
+    if suite is None:
+        raise UsageError(f"unknown built-in suite {name!r}; known: {', '.join(BUILTIN_SUITES)}")
+    n = suite.default_n if limit is None else limit
+    if n < 0:
+        raise UsageError(f"--limit must be >= 0, got {n}")
+    return [suite.make(name, seed, i) for i in range(n)]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `kvqual suites`: list the built-ins, or write one to a JSONL file."""
+    parser.add_argument("--write", metavar="NAME", help="write built-in suite NAME as JSONL")
+    parser.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    parser.add_argument("--limit", type=int, default=None, help="number of items")
+    parser.add_argument("-o", "--output", metavar="FILE", help="output file ('-' for stdout)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`kvqual suites`: print the built-ins and profiles, or write one suite (--write)."""
+    if args.write is None:
+        print(f"{'suite':<13} {'items':>5}  {'scorer':<12} probes")
+        for s in BUILTIN_SUITES.values():
+            print(f"{s.name:<13} {s.default_n:>5}  {s.scorer:<12} {s.description}")
+        for profile, mix in PROFILES.items():
+            print(f"profile {profile}: " + ", ".join(f"{n}×{k}" for n, k in mix))
+        return 0
+    if not args.output:
+        raise UsageError("--write needs -o FILE (or -o - for stdout)")
+    lines = "".join(dumps_line(item.to_json()) for item in generate(args.write, seed=args.seed, limit=args.limit))
+    if args.output == "-":
+        sys.stdout.write(lines)
+        return 0
+    if os.path.exists(args.output) and not args.force:
+        raise UsageError(f"{args.output} exists; pass --force to overwrite it")
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(lines)
+    return 0

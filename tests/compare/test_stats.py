@@ -1,0 +1,198 @@
+"""kvqual.compare.stats against published values, scipy/statsmodels, brute force and simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import statsmodels.api as sm
+from scipy import stats
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import proportion_confint
+
+from kvqual.compare import stats as st
+
+# Cavo et al. 2012 paired table [[59, 6], [16, 80]] (Fagerland, Lydersen & Laake,
+# "Statistical Analysis of Contingency Tables", ch. 8): first = candidate, second = baseline.
+CAVO = st.PairedCounts(a=59, b=16, c=6, d=80)
+
+
+def test_paired_counts_from_arrays() -> None:
+    base = [1, 1, 0, 0, 1]
+    cand = [1, 0, 1, 0, 1]
+    assert st.paired_counts(base, cand) == st.PairedCounts(a=2, b=1, c=1, d=1)
+    with pytest.raises(ValueError):
+        st.paired_counts([1, 0], [1])
+
+
+def test_tango_ci_matches_published_cavo_example() -> None:
+    ci = st.tango_ci(CAVO)
+    assert ci.estimate == pytest.approx(-0.0621, abs=5e-5)
+    assert ci.low == pytest.approx(-0.1240, abs=5e-5)
+    assert ci.high == pytest.approx(-0.0054, abs=5e-5)
+
+
+def test_newcombe_method10_matches_published_cavo_example() -> None:
+    ci = st.newcombe_ci(CAVO)
+    assert ci.low == pytest.approx(-0.1186, abs=5e-5)
+    assert ci.high == pytest.approx(-0.0046, abs=5e-5)
+
+
+def test_tango_z_is_zero_at_estimate_and_ci_inverts_it() -> None:
+    assert st.tango_z(CAVO, CAVO.difference) == pytest.approx(0.0, abs=1e-12)
+    ci = st.tango_ci(CAVO, level=0.90)
+    assert st.tango_z(CAVO, ci.low) == pytest.approx(stats.norm.ppf(0.95), abs=1e-6)
+    assert st.tango_z(CAVO, ci.high) == pytest.approx(-stats.norm.ppf(0.95), abs=1e-6)
+
+
+def test_tango_ci_without_discordant_pairs_is_finite_and_contains_zero() -> None:
+    ci = st.tango_ci(st.PairedCounts(a=30, b=0, c=0, d=20))
+    assert ci.low < 0 < ci.high
+    assert -0.2 < ci.low and ci.high < 0.2
+
+
+@pytest.mark.parametrize("b,c", [(16, 6), (0, 5), (3, 3), (0, 0), (40, 20)])
+def test_mcnemar_exact_matches_statsmodels(b: int, c: int) -> None:
+    expected = mcnemar([[10, c], [b, 10]], exact=True).pvalue if b + c else 1.0
+    assert st.mcnemar_exact_p(b, c) == pytest.approx(expected, rel=1e-12)
+
+
+def test_noninferiority_p_agrees_with_one_sided_bound() -> None:
+    for margin in (0.05, 0.10, 0.15, 0.20):
+        ni = st.paired_noninferiority(CAVO, margin, alpha=0.05)
+        assert (ni.pvalue < 0.05) == (ni.lower > -margin)
+    assert st.paired_noninferiority(CAVO, 0.20).noninferior
+    assert not st.paired_noninferiority(CAVO, 0.05).noninferior
+
+
+@pytest.mark.parametrize("method", ["tango", "newcombe"])
+def test_paired_proportion_ci_coverage_by_simulation(method: str) -> None:
+    rng = np.random.default_rng(7)
+    probs = np.array([0.55, 0.08, 0.04, 0.33])  # a, b, c, d cell probabilities
+    true_diff = probs[2] - probs[1]
+    fn = st.tango_ci if method == "tango" else st.newcombe_ci
+    hits, sims = 0, 1000
+    for table in rng.multinomial(120, probs, size=sims):
+        ci = fn(st.PairedCounts(*map(int, table)))
+        hits += ci.low <= true_diff <= ci.high
+    coverage = hits / sims
+    assert 0.93 <= coverage <= 0.975, coverage  # nominal 0.95, MC SE ≈ 0.007
+
+
+def test_mean_ci_plain_equals_t_interval() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.3, 1.0, 40)
+    m = st.mean_ci(x)
+    lo, hi = stats.t.interval(0.95, 39, loc=x.mean(), scale=stats.sem(x))
+    assert (m.low, m.high) == pytest.approx((lo, hi), rel=1e-12)
+    assert m.se == pytest.approx(math.sqrt(x.var(ddof=1) / 40))
+
+
+def test_cluster_robust_se_matches_statsmodels_cluster_ols() -> None:
+    rng = np.random.default_rng(2)
+    groups = np.repeat(np.arange(15), 4)
+    x = rng.normal(size=15)[groups] + rng.normal(size=60)
+    m = st.mean_ci(x, clusters=groups)
+    fit = sm.OLS(x, np.ones(60)).fit(cov_type="cluster", cov_kwds={"groups": groups, "use_correction": False})
+    assert m.se == pytest.approx(float(fit.bse[0]) * math.sqrt(15 / 14), rel=1e-10)
+    assert m.df == 14 and m.n_clusters == 15
+    assert m.se > st.mean_ci(x).se  # positively correlated clusters widen the interval
+
+
+def test_paired_mean_diff_uses_cand_minus_base() -> None:
+    res = st.paired_mean_diff([1.0, 2.0, 3.0], [2.0, 4.0, 3.5])
+    assert res.estimate == pytest.approx((1 + 2 + 0.5) / 3)
+
+
+def test_paired_bootstrap_close_to_t_and_reproducible() -> None:
+    x = np.random.default_rng(3).normal(1.0, 2.0, 400)
+    a = st.paired_bootstrap_ci(x, np.random.default_rng(9))
+    b = st.paired_bootstrap_ci(x, np.random.default_rng(9))
+    t = st.mean_ci(x)
+    assert a == b
+    assert a.low == pytest.approx(t.low, abs=0.05) and a.high == pytest.approx(t.high, abs=0.05)
+
+
+def test_cluster_bootstrap_is_wider_for_correlated_clusters() -> None:
+    rng = np.random.default_rng(4)
+    groups = np.repeat(np.arange(20), 10)
+    x = rng.normal(size=20)[groups] + 0.3 * rng.normal(size=200)
+    naive = st.paired_bootstrap_ci(x, np.random.default_rng(0), method="percentile")
+    clustered = st.paired_bootstrap_ci(x, np.random.default_rng(0), clusters=groups, method="percentile")
+    assert clustered.high - clustered.low > 2 * (naive.high - naive.low)
+
+
+def test_sample_size_formula() -> None:
+    # (1.6449 + 0.8416)^2 * 0.1 / 0.05^2 = 247.3 → 248
+    assert st.sample_size(0.1, 0.05, alpha=0.05, power=0.8) == 248
+    assert st.n_more_to_decide(0.0, math.sqrt(0.1), 100, -0.05, power=0.8) == 148
+    assert st.n_more_to_decide(-0.05, 1.0, 100, -0.05) is None
+    assert st.n_more_to_decide(0.5, 0.1, 100, 0.0) == 0
+
+
+def test_ratio_of_means_exact_and_zero_lengths() -> None:
+    base = np.array([0.0, 10.0, 20.0, 30.0])
+    ci, se = st.ratio_of_means_ci(base, 2 * base)
+    assert ci.estimate == pytest.approx(2.0) and se == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError):
+        st.ratio_of_means_ci(np.zeros(3), np.ones(3))
+
+
+def test_ratio_of_means_coverage_by_simulation() -> None:
+    rng = np.random.default_rng(5)
+    hits, sims = 0, 400
+    for _ in range(sims):
+        mu = rng.lognormal(5, 0.6, 150)
+        base, cand = mu * rng.lognormal(0, 0.3, 150), 1.1 * mu * rng.lognormal(0, 0.3, 150)
+        ci, _ = st.ratio_of_means_ci(base, cand)
+        hits += ci.low <= 1.1 <= ci.high
+    assert 0.92 <= hits / sims <= 0.98
+
+
+def test_wilcoxon_and_ks_match_scipy() -> None:
+    rng = np.random.default_rng(6)
+    base = rng.poisson(100, 60).astype(float)
+    cand = base + rng.normal(3, 5, 60).round()
+    w = st.wilcoxon_signed_rank(base, cand)
+    assert w.pvalue == pytest.approx(stats.wilcoxon(cand - base).pvalue)
+    assert st.wilcoxon_signed_rank(base, base).pvalue == 1.0
+    assert st.ks_two_sample(base, cand).pvalue == pytest.approx(stats.ks_2samp(base, cand).pvalue)
+
+
+def _walsh(x: np.ndarray) -> np.ndarray:
+    i, j = np.triu_indices(x.size)
+    return np.sort((x[i] + x[j]) / 2)
+
+
+@pytest.mark.parametrize("seed,ints", [(0, False), (1, True), (2, True)])
+def test_hodges_lehmann_matches_brute_force_walsh_averages(seed: int, ints: bool) -> None:
+    rng = np.random.default_rng(seed)
+    d = rng.integers(-5, 9, 57).astype(float) if ints else rng.normal(2, 3, 57)
+    w = _walsh(d)
+    hl = st.hodges_lehmann(d, level=0.95)
+    assert hl.estimate == pytest.approx(np.median(w))
+    n, m = d.size, w.size
+    k = int(math.floor(m / 2 - 1.959964 * math.sqrt(n * (n + 1) * (2 * n + 1) / 24)))
+    assert (hl.low, hl.high) == pytest.approx((w[k - 1], w[m - k]))
+
+
+def test_hodges_lehmann_textbook_shift() -> None:
+    # differences symmetric about 3 → HL estimate exactly 3
+    assert st.hodges_lehmann([1.0, 2.0, 3.0, 4.0, 5.0]).estimate == 3.0
+
+
+def test_holm_matches_statsmodels() -> None:
+    p = np.array([0.01, 0.04, 0.03, 0.5, 0.002, 0.2])
+    expected = multipletests(p, method="holm")[1]
+    assert st.holm_adjust(p) == pytest.approx(expected)
+    assert st.holm_adjust([]).size == 0
+
+
+@pytest.mark.parametrize("k,n", [(0, 50), (1, 300), (7, 120), (50, 50)])
+def test_single_proportion_cis_match_statsmodels(k: int, n: int) -> None:
+    cp = st.clopper_pearson_ci(k, n)
+    wi = st.wilson_ci(k, n)
+    assert (cp.low, cp.high) == pytest.approx(proportion_confint(k, n, method="beta"), abs=1e-10)
+    assert (wi.low, wi.high) == pytest.approx(proportion_confint(k, n, method="wilson"), abs=1e-10)

@@ -1,0 +1,194 @@
+"""A small OpenAI-compatible server for tests and benchmarks (aiohttp, no model).
+
+Run as a process: `python tests/fakeserver.py --port P [--wrong-rate R] [--length-factor F] ...`.
+Answers are deterministic functions of the prompt, so tests can predict them:
+
+- a prompt containing `[[answer=X]]` is answered `X` (or `wrong` for a hash-chosen share
+  `--wrong-rate` of prompts); any other prompt is answered `ok <last word>`;
+- `--length-factor F` repeats the answer's words F times (a "much longer" candidate);
+- prompts containing `flaky` fail with 503 on their first two attempts, `ratelimit` with 429
+  and Retry-After on the first, `broken` always with 500, `badrequest` with 400;
+- `--no-logprobs` silently drops logprobs (a server that breaks the contract);
+- echo scoring (`echo: true, max_tokens: 0`) returns per-token logprobs; `--logprob-noise S`
+  perturbs them by a seeded amount (a candidate whose token distributions drift);
+- GET /stats returns how many requests each prompt received; `--delay S` sleeps per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+
+from aiohttp import web
+
+TOKEN = re.compile(r"\s*\S+")
+
+
+def _h(text: str) -> float:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def tokenize(text: str) -> list[str]:
+    return TOKEN.findall(text) or [text]
+
+
+class Fake:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.counts: Counter[str] = Counter()
+
+    def answer(self, prompt: str) -> str:
+        m = re.search(r"\[\[answer=([^\]]*)\]\]", prompt)
+        if m:
+            text = m.group(1)
+            if _h("wrong:" + prompt) < self.args.wrong_rate:
+                text = "wrong"
+        else:
+            words = prompt.split()
+            text = f"ok {words[-1] if words else ''}"
+        if self.args.length_factor > 1:
+            text = " ".join([text] * self.args.length_factor)
+        return text
+
+    def logprob(self, context: str, token: str) -> float:
+        lp = -0.05 - 2.0 * _h(context[-40:] + "|" + token)
+        if self.args.logprob_noise:
+            lp -= self.args.logprob_noise * _h("noise:" + context[-40:] + token)
+        return min(lp, -1e-4)
+
+    def logprobs(self, prior: str, tokens: list[str], k: int, first_null: bool) -> dict:
+        out_lp, top, offsets = [], [], []
+        context, offset = prior, len(prior) if not first_null else 0
+        for i, tok in enumerate(tokens):
+            lp = self.logprob(context, tok)
+            out_lp.append(None if (first_null and i == 0) else lp)
+            alts = {tok: lp}
+            for j in range(1, k):
+                alts[f"<alt{j}>"] = lp - j - 0.5
+            top.append(None if (first_null and i == 0) else alts)
+            offsets.append(offset)
+            offset += len(tok)
+            context += tok
+        return {"tokens": tokens, "token_logprobs": out_lp, "top_logprobs": top, "text_offset": offsets}
+
+    def failure(self, prompt: str) -> web.Response | None:
+        n = self.counts[prompt]
+        if "badrequest" in prompt:
+            return _error(400, "bad request")
+        if "broken" in prompt:
+            return _error(500, "always broken")
+        if "flaky" in prompt and n <= 2:
+            return _error(503, "flaky: try again")
+        if "ratelimit" in prompt and n <= 1:
+            return _error(429, "slow down", headers={"Retry-After": "0.2"})
+        return None
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = body["prompt"]
+        if isinstance(prompt, list):
+            prompt = " ".join(f"t{t}" for t in prompt) if prompt and isinstance(prompt[0], int) else prompt[0]
+        self.counts[prompt] += 1
+        if self.args.delay:
+            await asyncio.sleep(self.args.delay)
+        fail = self.failure(prompt)
+        if fail is not None:
+            return fail
+        k = int(body.get("logprobs") or 0)
+        prompt_tokens = tokenize(prompt)
+        if body.get("echo") and body.get("max_tokens") == 0:
+            choice = {"index": 0, "text": prompt, "finish_reason": "length",
+                      "logprobs": self.logprobs("", prompt_tokens, max(k, 1), first_null=True)}
+            return _ok(body, [choice], len(prompt_tokens), 0)
+        text = self.answer(prompt)
+        max_tokens = int(body.get("max_tokens") or 16)
+        tokens = tokenize(text)
+        finish = "stop"
+        if len(tokens) > max_tokens:
+            tokens, finish = tokens[:max_tokens], "length"
+            text = "".join(tokens)
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        if k and not self.args.no_logprobs:
+            choice["logprobs"] = self.logprobs(prompt, tokens, k, first_null=False)
+        return _ok(body, [choice], len(prompt_tokens), len(tokens))
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = "\n".join(m["content"] for m in body["messages"])
+        self.counts[prompt] += 1
+        fail = self.failure(prompt)
+        if fail is not None:
+            return fail
+        text = self.answer(prompt)
+        tokens = tokenize(text)
+        choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+                        "logprobs": None}
+        k = int(body.get("top_logprobs") or 0)
+        if body.get("logprobs") and not self.args.no_logprobs:
+            lp = self.logprobs(prompt, tokens, max(k, 1), first_null=False)
+            choice["logprobs"] = {"content": [
+                {"token": t, "logprob": l, "bytes": list(t.encode()),
+                 "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in top.items()][:k]}
+                for t, l, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]}
+        return _ok(body, [choice], len(tokenize(prompt)), len(tokens), chat=True)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.args.model, "object": "model",
+                                                               "owned_by": "fake", "created": 0}]})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        if not self.args.kv_cache_dtype:
+            return web.Response(status=404)
+        return web.json_response({"model_path": self.args.model, "kv_cache_dtype": self.args.kv_cache_dtype})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(dict(self.counts))
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+
+def _ok(body: dict, choices: list, prompt_tokens: int, completion_tokens: int, chat: bool = False) -> web.Response:
+    return web.json_response({
+        "id": "cmpl-fake", "object": "chat.completion" if chat else "text_completion", "created": 0,
+        "model": body.get("model", "fake"), "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens}})
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
+    return web.Response(status=status, headers=headers, content_type="application/json",
+                        text=json.dumps({"error": {"message": message, "type": "fake", "code": status}}))
+
+
+def make_app(args: argparse.Namespace) -> web.Application:
+    fake = Fake(args)
+    app = web.Application()
+    app.add_routes([web.post("/v1/completions", fake.completions), web.post("/v1/chat/completions", fake.chat),
+                    web.get("/v1/models", fake.models), web.get("/get_server_info", fake.server_info),
+                    web.get("/stats", fake.stats), web.get("/health", fake.health)])
+    return app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--wrong-rate", type=float, default=0.0)
+    p.add_argument("--length-factor", type=int, default=1)
+    p.add_argument("--logprob-noise", type=float, default=0.0)
+    p.add_argument("--no-logprobs", action="store_true")
+    p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--kv-cache-dtype", default=None)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    assert math.isfinite(args.wrong_rate)
+    web.run_app(make_app(args), host="127.0.0.1", port=args.port, print=None, access_log=None)

@@ -1,0 +1,107 @@
+"""The KV cache layers: the fp8 round trip is what attention reads, prefill included."""
+
+import pytest
+import torch
+
+from kvqual.serve.kvcache import (
+    Bf16Layer,
+    KvCache,
+    RoundTripFp8Layer,
+    dynamic_scale,
+    fp8_dequantize,
+    fp8_quantize,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+    resolve_kv_cache_dtype,
+)
+
+
+def _states(batch=1, heads=3, seq=7, dim=8, seed=0, scale=4.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, heads, seq, dim, generator=g) * scale, torch.randn(batch, heads, seq, dim, generator=g)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_prefill_reads_fp8_round_trip_bitwise(fp8):
+    k, v = _states()
+    layer = RoundTripFp8Layer(fp8, "dynamic")
+    k_read, v_read = layer.update(k, v)
+    k_scale = k.abs().amax() / torch.finfo(fp8).max
+    expected_k = (k / k_scale).to(fp8).float() * k_scale
+    assert torch.equal(k_read, expected_k)
+    assert not torch.equal(k_read, k)  # the first update does not hand back full precision
+    stored_k, stored_v = layer.stored()
+    assert stored_k.dtype == fp8
+    assert torch.equal(stored_k, fp8_quantize(k, fp8, layer.scales()[0]))
+    assert torch.equal(v_read, fp8_dequantize(stored_v, layer.scales()[1], torch.float32))
+
+
+def test_decode_appends_with_frozen_scale_and_saturates():
+    k, v = _states(seq=5)
+    layer = RoundTripFp8Layer(torch.float8_e4m3fn, "dynamic")
+    layer.update(k, v)
+    big = torch.full((1, 3, 1, 8), 1e6)
+    k_read, _ = layer.update(big, big)
+    assert layer.get_seq_length() == 6
+    frozen = layer.scales()[0].item()
+    assert frozen == pytest.approx(k.abs().amax().item() / 448)
+    assert torch.equal(k_read[..., -1, :], torch.full((1, 3, 8), 448 * frozen))
+    assert torch.isfinite(k_read).all()
+
+
+def test_scale_one_clips_at_448():
+    x = torch.tensor([[[[1.0, 500.0, -1000.0, 0.3]]]])
+    layer = RoundTripFp8Layer(torch.float8_e4m3fn, "1.0")
+    k_read, _ = layer.update(x, x)
+    assert k_read[0, 0, 0].tolist() == [1.0, 448.0, -448.0, pytest.approx(0.3125)]
+
+
+def test_dynamic_scale_is_per_row():
+    x = torch.ones(2, 1, 2, 2)
+    x[1] *= 10
+    s = dynamic_scale(x, torch.float8_e4m3fn)
+    assert s.shape == (2, 1, 1, 1)
+    assert s.flatten().tolist() == pytest.approx([1 / 448, 10 / 448])
+
+
+def test_bf16_layer_stores_bfloat16_and_reads_round_trip():
+    k, v = _states()
+    layer = Bf16Layer()
+    k_read, _ = layer.update(k, v)
+    assert layer.stored()[0].dtype == torch.bfloat16
+    assert k_read.dtype == torch.float32
+    assert torch.equal(k_read, k.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+def test_batch_surgery_keeps_each_rows_values(dtype):
+    a, b = KvCache(2, dtype), KvCache(2, dtype)
+    ka, va = _states(seq=3, seed=1)
+    kb, vb = _states(seq=5, seed=2)
+    for i in range(2):
+        a.update(ka, va, i)
+        b.update(kb, vb, i)
+    a_alone = a.layers[0].stored()[0].clone()
+    a.extend_rows(b)
+    assert a.length() == 5
+    stored = a.layers[0].stored()[0]
+    assert stored.shape[0] == 2
+    assert torch.equal(stored[0, :, 2:], a_alone[0])  # row 0 left-padded by 2
+    a.select_rows([0])
+    a.trim_left(2)
+    assert a.length() == 3
+    assert torch.equal(a.layers[0].stored()[0], a_alone)
+
+
+def test_capacity_doubles_under_fp8():
+    bf16 = kv_capacity_tokens(256 << 20, kv_bytes_per_token(30, 3, 64, "bf16"))
+    fp8 = kv_capacity_tokens(256 << 20, kv_bytes_per_token(30, 3, 64, "fp8_e4m3"))
+    assert kv_bytes_per_token(30, 3, 64, "bf16") == 23040
+    assert fp8 == 2 * bf16 or fp8 == 2 * bf16 + 1
+
+
+def test_dtype_names():
+    assert resolve_kv_cache_dtype("auto") == "bf16"
+    assert resolve_kv_cache_dtype("fp8") == "fp8_e4m3"
+    with pytest.raises(ValueError):
+        resolve_kv_cache_dtype("int4")

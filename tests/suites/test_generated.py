@@ -1,0 +1,138 @@
+"""Built-in suites: deterministic from a seed, self-consistent, listed and written by the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+from collections import defaultdict
+
+import pytest
+
+from kvqual.errors import UsageError
+from kvqual.records import dumps_line
+from kvqual.suites import generated, scorers
+from kvqual.suites.generated import BUILTIN_SUITES, CHARS_PER_TOKEN, PROFILES, generate
+
+
+def jsonl(name: str, seed: int, limit: int | None = None) -> str:
+    return "".join(dumps_line(it.to_json()) for it in generate(name, seed=seed, limit=limit))
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_SUITES))
+def test_same_seed_same_bytes_other_seed_other_items(name: str) -> None:
+    a, b = jsonl(name, 7, 6), jsonl(name, 7, 6)
+    assert a == b
+    assert jsonl(name, 8, 6) != a
+    # item i does not depend on how many were asked for
+    assert jsonl(name, 7, 3) == "".join(a.splitlines(keepends=True)[:3])
+
+
+def test_pinned_digest_of_default_seed() -> None:
+    """Guards byte-identity across Python runs (str-seeded random is platform-stable)."""
+    text = jsonl("arith", 0, 5)
+    assert text.splitlines()[0] == (
+        '{"id":"arith-0000","messages":[{"role":"user","content":"What is 9 + 3? Answer with the '
+        'number only."}],"answer":"12","scorer":"number","max_tokens":48,"category":"add1"}')
+    assert len(hashlib.sha256(text.encode()).hexdigest()) == 64
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_SUITES))
+def test_items_are_well_formed_and_their_answers_score(name: str) -> None:
+    items = generate(name, seed=3)
+    assert len(items) == BUILTIN_SUITES[name].default_n
+    assert len({it.id for it in items}) == len(items)
+    for it in items:
+        assert it.suite == name and it.messages and it.answer and it.max_tokens
+        scorers.validate(it.scorer or "exact", it.scorer_params)
+        if scorers.needs_answer(it.scorer or "exact", it.scorer_params):
+            assert scorers.score(it, it.answer) == 1.0, it.id  # the reference answer is right
+            assert scorers.score(it, "I do not know.") == 0.0, it.id
+
+
+@pytest.mark.parametrize("name", ["passkey", "needles", "kv_recall"])
+def test_retrieval_answer_is_in_the_prompt_once_per_question(name: str) -> None:
+    for it in generate(name, seed=1):
+        text = it.messages[0]["content"]
+        assert re.search(rf"\b{it.answer}\b", text), it.id
+
+
+def test_passkey_lengths_and_depths() -> None:
+    items = generate("passkey", seed=0, limit=9)
+    for it in items:
+        content = it.messages[0]["content"]
+        want = it.meta["length_tokens"] * CHARS_PER_TOKEN
+        assert want <= len(content) <= want + 400  # filler to length + question framing
+        position = content.index(f"The pass key is {it.answer}.") / len(content)
+        assert abs(position - it.meta["depth"]) < 0.1
+    assert {it.meta["length_tokens"] for it in items} == {512, 1024, 2048}
+    assert {it.meta["depth"] for it in items} == {0.1, 0.5, 0.9}
+    longest = generate("passkey_long", seed=0, limit=2)[1]
+    assert longest.meta["length_tokens"] == 7168
+
+
+def test_shared_documents_share_a_context_id() -> None:
+    for name, per_doc in (("needles", 3), ("kv_recall", 2)):
+        groups: dict[str, list] = defaultdict(list)
+        for it in generate(name, seed=0):
+            groups[it.context_id].append(it)
+        assert all(len(g) == per_doc for g in groups.values())
+        for g in groups.values():
+            prompts = {it.messages[0]["content"].rsplit("\n\n", 1)[0] for it in g}
+            assert len(prompts) == 1  # one document, different questions
+            assert len({it.answer for it in g}) >= 1 and len({it.messages[0]["content"] for it in g}) == per_doc
+    assert all(it.context_id is None for it in generate("arith"))
+
+
+def test_arith_answers_are_right() -> None:
+    for it in generate("arith", seed=5):
+        a, op, b = re.search(r"What is (\d+) ([-+*]) (\d+)\?", it.messages[0]["content"]).groups()
+        assert int(it.answer) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+
+
+def test_profiles_name_real_suites_and_default_is_small() -> None:
+    for mix in PROFILES.values():
+        assert all(name in BUILTIN_SUITES and n > 0 for name, n in mix)
+    default_tokens = sum(it.max_tokens for name, n in PROFILES["default"] for it in generate(name, limit=n))
+    assert default_tokens <= 20_000  # the most one arm can generate
+    assert "passkey_long" not in dict(PROFILES["default"])
+
+
+def test_unknown_suite_and_negative_limit() -> None:
+    with pytest.raises(UsageError, match="unknown built-in suite"):
+        generate("nope")
+    with pytest.raises(UsageError, match="--limit"):
+        generate("arith", limit=-1)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    generated.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_lists_suites(capsys: pytest.CaptureFixture[str]) -> None:
+    assert generated.run(_args()) == 0
+    out = capsys.readouterr().out
+    for suite in BUILTIN_SUITES.values():
+        assert re.search(rf"^{suite.name}\s+{suite.default_n}\s+\S", out, re.M)
+    assert "profile default:" in out and "profile thorough:" in out
+
+
+def test_cli_writes_suite_and_refuses_overwrite(tmp_path) -> None:
+    out = tmp_path / "arith.jsonl"
+    assert generated.run(_args("--write", "arith", "--seed", "4", "--limit", "10", "-o", str(out))) == 0
+    assert out.read_text() == jsonl("arith", 4, 10)
+    with pytest.raises(UsageError, match="exists"):
+        generated.run(_args("--write", "arith", "-o", str(out)))
+    assert generated.run(_args("--write", "kv_recall", "-o", str(out), "--force")) == 0
+    assert out.read_text() == jsonl("kv_recall", 0)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_SUITES))
+def test_written_suite_loads_through_the_jsonl_loader(name: str, tmp_path) -> None:
+    from kvqual.suites.jsonl import load_jsonl_suite
+
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text(jsonl(name, 2, 10))
+    assert load_jsonl_suite(path) == generate(name, seed=2, limit=10)

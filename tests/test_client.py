@@ -1,0 +1,119 @@
+import random
+
+import httpx
+import openai
+import pytest
+
+from kvqual.client import (backoff_delay, chat_payload, classify, completion_payload, echo_payload, parse_chat,
+                           parse_completion, parse_echo, token_id_of)
+from kvqual.errors import ServerContractError
+from kvqual.records import GenerationParams, Item
+
+PARAMS = GenerationParams(temperature=0.0, seed=7, max_tokens=64, top_logprobs=3)
+
+
+def test_completion_payload_exact():
+    item = Item(id="a", suite="s", prompt="Hi", max_tokens=5)
+    assert completion_payload(item, PARAMS, "m", repeat=2) == {
+        "model": "m", "prompt": "Hi", "max_tokens": 5, "temperature": 0.0, "top_p": 1.0, "seed": 9, "logprobs": 3}
+
+
+def test_token_id_prompt_and_chat_payload():
+    item = Item(id="a", suite="s", prompt=(1, 2))
+    assert completion_payload(item, PARAMS, "m")["prompt"] == [1, 2]
+    chat = Item(id="b", suite="s", messages=({"role": "user", "content": "q"},))
+    assert chat_payload(chat, PARAMS, "m") == {
+        "model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 64, "temperature": 0.0,
+        "top_p": 1.0, "seed": 7, "logprobs": True, "top_logprobs": 3}
+
+
+def test_echo_payload():
+    assert echo_payload([5, 6], "m", 5) == {"model": "m", "prompt": [5, 6], "max_tokens": 0, "echo": True,
+                                            "temperature": 0.0, "logprobs": 5}
+
+
+COMPLETION = {
+    "choices": [{"index": 0, "text": " 4", "finish_reason": "stop", "logprobs": {
+        "tokens": [" 4", "<eos>"], "token_logprobs": [-0.1, -0.2],
+        "top_logprobs": [{" 4": -0.1, " 5": -2.0}, {"<eos>": -0.2}], "text_offset": [3, 5]}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+
+
+def test_parse_completion():
+    a = parse_completion(COMPLETION, 3)
+    assert (a.text, a.finish_reason, a.prompt_tokens, a.completion_tokens) == (" 4", "stop", 3, 2)
+    assert a.logprobs.tokens == (" 4", "<eos>") and a.logprobs.top_logprobs[0] == {" 4": -0.1, " 5": -2.0}
+    assert a.logprobs.text_offset == (3, 5) and a.logprobs.token_ids is None
+
+
+def test_missing_logprobs_is_a_contract_error():
+    data = {"choices": [{"index": 0, "text": "x", "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}
+    with pytest.raises(ServerContractError, match="logprobs were requested"):
+        parse_completion(data, 3, "http://h/v1")
+    assert parse_completion(data, 0).text == "x"  # not requested: fine
+
+
+def test_short_logprobs_is_a_contract_error():
+    data = {**COMPLETION, "usage": {"completion_tokens": 5}}
+    with pytest.raises(ServerContractError, match="usage says 5 completion tokens but logprobs cover 2"):
+        parse_completion(data, 3)
+
+
+def test_vllm_token_ids():
+    assert token_id_of("token_id:42") == 42 and token_id_of("hello") is None
+    data = {"choices": [{"text": "ab", "finish_reason": "stop", "logprobs": {
+        "tokens": ["token_id:1", "token_id:2"], "token_logprobs": [-1.0, -2.0], "top_logprobs": [{}, {}]}}],
+        "usage": {"completion_tokens": 2}}
+    assert parse_completion(data, 1).logprobs.token_ids == (1, 2)
+
+
+def test_parse_chat():
+    data = {"choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Hi"},
+                         "logprobs": {"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                                                   "top_logprobs": [{"token": "Hi", "logprob": -0.5},
+                                                                    {"token": "Yo", "logprob": -1.5}]}]}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
+    a = parse_chat(data, 2)
+    assert a.text == "Hi" and a.finish_reason == "length"
+    assert a.logprobs.top_logprobs == ({"Hi": -0.5, "Yo": -1.5},)
+
+
+def test_parse_echo_requires_prompt_logprobs():
+    good = {"choices": [{"text": "a b", "logprobs": {"tokens": ["a", " b"], "token_logprobs": [None, -1.0],
+                                                      "top_logprobs": [None, {" b": -1.0}]}}],
+            "usage": {"prompt_tokens": 2}}
+    assert parse_echo(good).token_logprobs == (None, -1.0)
+    with pytest.raises(ServerContractError, match="no prompt logprobs"):
+        parse_echo({"choices": [{"text": "a b", "logprobs": None}]}, "srv")
+    short = {**good, "usage": {"prompt_tokens": 5}}
+    with pytest.raises(ServerContractError, match="2 logprobs for 5 prompt tokens"):
+        parse_echo(short)
+
+
+def _status_error(status: int, headers: dict | None = None) -> openai.APIStatusError:
+    req = httpx.Request("POST", "http://h/v1/completions")
+    resp = httpx.Response(status, headers=headers or {}, text="boom", request=req)
+    return openai.APIStatusError("x", response=resp, body=None)
+
+
+@pytest.mark.parametrize("status, transient", [(400, False), (401, False), (404, False), (408, True),
+                                               (429, True), (500, True), (503, True)])
+def test_classify_status(status, transient):
+    assert classify(_status_error(status)).transient is transient
+
+
+def test_classify_retry_after_and_connection():
+    assert classify(_status_error(429, {"Retry-After": "3"})).retry_after == 3.0
+    req = httpx.Request("POST", "http://h")
+    assert classify(openai.APIConnectionError(request=req)).transient
+    assert classify(openai.APITimeoutError(request=req)).message == "timeout"
+    assert not classify(RuntimeError("x")).transient
+
+
+def test_backoff_grows_and_honours_retry_after():
+    rng = random.Random(0)
+    assert all(0 <= backoff_delay(0, rng) <= 0.5 for _ in range(50))
+    assert max(backoff_delay(6, rng) for _ in range(200)) > 5
+    assert all(backoff_delay(10, rng) <= 30 for _ in range(50))
+    assert backoff_delay(0, rng, retry_after=2.0) >= 2.0

@@ -1,0 +1,101 @@
+from pathlib import Path
+
+import pytest
+
+from kvqual.config import Overrides, builtin_targets, load_config
+from kvqual.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "kvqual.toml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+GOOD = """
+[run]
+concurrency = 8
+suites = ["suites/example.jsonl"]
+
+[targets.bf16]
+base_url = "http://127.0.0.1:30000/v1"
+kv_cache_dtype = "bf16"
+
+[targets.fp8]
+base_url = ["http://127.0.0.1:30001/v1", "http://127.0.0.1:30002/v1/"]
+model = "m"
+api_key_env = "MY_KEY"
+kv_cache_dtype = "fp8_e4m3"
+
+[targets.launched]
+base_url = "http://127.0.0.1:{port}/v1"
+launch = "python -m sglang.launch_server --port {port} --kv-cache-dtype fp8_e4m3"
+"""
+
+
+def test_good_config_loads(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.run.concurrency == 8 and cfg.run.suites == ("suites/example.jsonl",)
+    assert cfg.target("fp8").base_urls == ("http://127.0.0.1:30001/v1", "http://127.0.0.1:30002/v1")
+    assert cfg.target("bf16").model is None
+    filled = cfg.target("launched").with_port(4321)
+    assert filled.base_url == "http://127.0.0.1:4321/v1" and "--port 4321" in filled.launch
+
+
+def test_api_key_comes_from_env_only(tmp_path, monkeypatch):
+    cfg = load_config(write(tmp_path, GOOD))
+    monkeypatch.setenv("MY_KEY", "sk-secret")
+    assert cfg.target("fp8").api_key() == "sk-secret"
+    assert "sk-secret" not in str(cfg.target("fp8").identity())
+
+
+@pytest.mark.parametrize("text, key, words", [
+    ('[targets.a]\nbase_url = "http://x/v1"\nbogus = 1\n', "targets.a.bogus", "unknown key"),
+    ('[targets.a]\nbase_url = 5\n', "targets.a.base_url", "expected"),
+    ('[targets.a]\nbase_url = "ftp://x/v1"\n', "targets.a.base_url", "not an http"),
+    ('[targets.a]\nbase_url = "http://x:99999999/v1"\n', "targets.a.base_url", "port"),
+    ('[targets.a]\nmodel = "m"\n', "targets.a.base_url", "missing"),
+    ('[targets.a]\nbase_url = "http://x/v1"\nkv_cache_dtype = "int3"\n', "targets.a.kv_cache_dtype", "not one of"),
+    ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nconcurrency = "many"\n', "run.concurrency", "expected an integer"),
+    ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nconcurrency = 0\n', "run.concurrency", "at least 1"),
+    ('[targets.a]\nbase_url = "http://x/v1"\n[run]\ntop_logprobs = 50\n', "run.top_logprobs", "20"),
+    ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nspeed = 1\n', "run.speed", "unknown key"),
+    ('[targets.a]\nbase_url = "http://x/v1"\n[gate]\nbogus = 1\n', "gate.bogus", ""),
+    ('[targets.a]\nbase_url = "http://127.0.0.1:{port}/v1"\n', "targets.a.base_url", "launch"),
+    ('[targetz.a]\nbase_url = "http://x/v1"\n', "targetz", "unknown table"),
+    ('[targets.a\nbase_url = "x"\n', "-", "TOML"),
+])
+def test_bad_config_names_file_and_key(tmp_path, text, key, words):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert str(path) in str(info.value) and words in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_target_is_named(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    with pytest.raises(ConfigError, match=r"targets\.nope: no such target \(known: bf16, fp8, launched\)"):
+        cfg.target("nope")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_builtin_targets_when_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None)
+    assert cfg.builtin and set(cfg.targets) == {"bf16", "fp8", "fp8_e5m2"}
+    assert cfg.target("fp8").kv_cache_dtype == "fp8_e4m3"
+    assert "--kv-cache-dtype fp8_e4m3" in builtin_targets()["fp8"].launch
+
+
+def test_overrides_validate(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    run = Overrides({"concurrency": 3, "limit": None}).apply(cfg.run)
+    assert run.concurrency == 3 and run.suites == ("suites/example.jsonl",)
+    with pytest.raises(ConfigError, match="--concurrency"):
+        Overrides({"concurrency": -1}).apply(cfg.run)

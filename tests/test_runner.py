@@ -1,0 +1,136 @@
+"""The runner against a real HTTP server on loopback (tests/fakeserver.py)."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvtest import write_config, write_suite
+from kvqual.config import RunDefaults, Target
+from kvqual.errors import InfrastructureError, ServerContractError
+from kvqual.runner import in_fraction, plan_units, run_target
+from kvqual.store import RETRIED, load_manifest, load_samples
+from kvqual.suites import load_suites
+
+
+def suite(tmp_path, items, name="s.jsonl"):
+    return tuple(load_suites([str(write_suite(tmp_path / name, items))], seed=0, limit=None))
+
+
+def run(tmp_path, server, suites, **kw):
+    target = Target(name="t", base_urls=(server.base_url,))
+    defaults = RunDefaults(**{"results_dir": str(tmp_path / "results"), "retries": 3, "timeout": 10, **kw})
+    return asyncio.run(run_target(target, suites, defaults, progress=False))
+
+
+def test_records_every_answer_with_fields(tmp_path, fake_server):
+    server = fake_server()
+    items = [{"id": f"q{i}", "prompt": f"Q{i} [[answer={i}]]", "answer": str(i), "scorer": "exact"} for i in range(6)]
+    items.append({"id": "c", "messages": [{"role": "user", "content": "hello there"}]})
+    m = run(tmp_path, server, suite(tmp_path, items), top_logprobs=3)
+    assert m.status == "complete" and m.counts["ok"] == 7 and m.model == "fake-model"
+    samples = load_samples(tmp_path / "results" / m.run_id)
+    assert set(samples) == {("s", f"q{i}", 0) for i in range(6)} | {("s", "c", 0)}
+    s = samples[("s", "q3", 0)]
+    assert (s.text, s.finish_reason, s.error, s.score, s.completion_tokens) == ("3", "stop", None, 1.0, 1)
+    assert s.logprobs.tokens == ("3",) and len(s.logprobs.top_logprobs[0]) == 3
+    assert s.latency_s > 0 and s.started_at > 0
+    assert samples[("s", "c", 0)].text == "ok there"
+    manifest = json.loads((tmp_path / "results" / m.run_id / "manifest.json").read_text())
+    assert manifest["suites"][0]["sha256"] and manifest["params"]["top_logprobs"] == 3
+    assert manifest["server_info"]["models"] == ["fake-model"] and "api_key" not in json.dumps(manifest)
+
+
+def test_transient_failures_are_retried(tmp_path, fake_server):
+    server = fake_server()
+    items = [{"id": "f", "prompt": "flaky one"}, {"id": "r", "prompt": "ratelimit me"}]
+    m = run(tmp_path, server, suite(tmp_path, items))
+    samples = load_samples(tmp_path / "results" / m.run_id)
+    assert samples[("s", "f", 0)].ok and samples[("s", "f", 0)].attempts == 3
+    assert samples[("s", "r", 0)].ok and samples[("s", "r", 0)].attempts == 2
+    assert server.stats() == {"flaky one": 3, "ratelimit me": 2}
+
+
+def test_failed_requests_are_recorded_never_answered(tmp_path, fake_server):
+    server = fake_server()
+    items = [{"id": "b", "prompt": "broken"}, {"id": "x", "prompt": "badrequest"}] + \
+            [{"id": str(i), "prompt": f"fine {i}"} for i in range(40)]
+    m = run(tmp_path, server, suite(tmp_path, items), max_failed_rate=0.5)
+    samples = load_samples(tmp_path / "results" / m.run_id)
+    broken, bad = samples[("s", "b", 0)], samples[("s", "x", 0)]
+    assert broken.text is None and "HTTP 500" in broken.error and broken.attempts == 4  # 1 + 3 retries
+    assert bad.text is None and "HTTP 400" in bad.error and bad.attempts == 1  # 4xx is final
+    assert m.status == "incomplete" and m.counts["failed"] == 2
+
+
+def test_too_many_failures_is_infrastructure(tmp_path, fake_server):
+    server = fake_server()
+    items = [{"id": "b", "prompt": "broken"}, {"id": "ok", "prompt": "fine"}]
+    with pytest.raises(InfrastructureError, match="1 of 2 requests failed"):
+        run(tmp_path, server, suite(tmp_path, items), retries=0)
+
+
+def test_dropped_logprobs_stop_the_run(tmp_path, fake_server):
+    server = fake_server("--no-logprobs")
+    with pytest.raises(ServerContractError, match="logprobs were requested"):
+        run(tmp_path, server, suite(tmp_path, [{"id": "a", "prompt": "x"}]))
+
+
+def test_unreachable_target(tmp_path):
+    target = Target(name="t", base_urls=("http://127.0.0.1:9/v1",))
+    with pytest.raises(InfrastructureError, match="unreachable"):
+        asyncio.run(run_target(target, (), RunDefaults(results_dir=str(tmp_path)), progress=False))
+
+
+def test_finished_run_is_reused_and_failures_retried(tmp_path, fake_server):
+    server = fake_server()
+    items = [{"id": str(i), "prompt": f"p {i}"} for i in range(5)]
+    s = suite(tmp_path, items)
+    first = run(tmp_path, server, s)
+    second = run(tmp_path, server, s)
+    assert first.run_id == second.run_id and sum(server.stats().values()) == 5  # no new request
+
+
+def test_order_is_seeded_and_fraction_is_stable(tmp_path):
+    s = suite(tmp_path, [{"id": str(i), "prompt": f"p {i}"} for i in range(50)])
+    a = [(i.id, r) for i, r in plan_units(s, 2, seed=1)]
+    assert a == [(i.id, r) for i, r in plan_units(s, 2, seed=1)] and a != [(i.id, r) for i, r in plan_units(s, 2, seed=2)]
+    quarter = [i.id for i in s[0].items if in_fraction("s", i.id, 0.25)]
+    assert 5 <= len(quarter) <= 22
+    assert len(plan_units(s, 1, seed=1, fraction=0.25)) == len(quarter)
+
+
+def test_resume_after_sigkill(tmp_path, fake_server):
+    """Killed halfway and run again: every id exactly once, no second request for an answered id."""
+    server = fake_server("--delay", "0.05")
+    items = [{"id": f"i{i}", "prompt": f"prompt {i}"} for i in range(60)]
+    write_suite(tmp_path / "s.jsonl", items)
+    write_config(tmp_path / "kvqual.toml", {"t": server.base_url})
+    cmd = [sys.executable, "-m", "kvqual", "run", "t", "--suite", "s.jsonl", "--concurrency", "2"]
+    env = {**os.environ, "CI": "true"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = tmp_path / "results"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        files = list(results.glob("*/samples.jsonl"))
+        if files and files[0].read_text().count("\n") >= 20:
+            break
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    answered_before = {json.loads(l)["id"] for l in files[0].read_text().splitlines() if l.strip()}
+    assert 20 <= len(answered_before) < 60
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(l) for l in files[0].read_text().splitlines()]
+    assert sorted(l["id"] for l in lines) == sorted(i["id"] for i in items)  # each exactly once
+    counts = server.stats()
+    assert all(counts[f"prompt {i[1:]}"] == 1 for i in answered_before)
+    assert load_manifest(files[0].parent).status == "complete"
+    assert not (files[0].parent / RETRIED).exists()
