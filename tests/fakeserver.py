@@ -53,7 +53,7 @@ class Fake:
             text = f"ok {words[-1] if words else ''}"
         if self.args.length_factor > 1:
             text = " ".join([text] * self.args.length_factor)
-        return text
+        return " " + text  # a leading space: completions tokenize apart from the prompt
 
     def logprob(self, context: str, token: str) -> float:
         lp = -0.05 - 2.0 * _h(context[-40:] + "|" + token)

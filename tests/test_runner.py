@@ -37,10 +37,10 @@ def test_records_every_answer_with_fields(tmp_path, fake_server):
     samples = load_samples(tmp_path / "results" / m.run_id)
     assert set(samples) == {("s", f"q{i}", 0) for i in range(6)} | {("s", "c", 0)}
     s = samples[("s", "q3", 0)]
-    assert (s.text, s.finish_reason, s.error, s.score, s.completion_tokens) == ("3", "stop", None, 1.0, 1)
-    assert s.logprobs.tokens == ("3",) and len(s.logprobs.top_logprobs[0]) == 3
+    assert (s.text, s.finish_reason, s.error, s.score, s.completion_tokens) == (" 3", "stop", None, 1.0, 1)
+    assert s.logprobs.tokens == (" 3",) and len(s.logprobs.top_logprobs[0]) == 3
     assert s.latency_s > 0 and s.started_at > 0
-    assert samples[("s", "c", 0)].text == "ok there"
+    assert samples[("s", "c", 0)].text == " ok there"
     manifest = json.loads((tmp_path / "results" / m.run_id / "manifest.json").read_text())
     assert manifest["suites"][0]["sha256"] and manifest["params"]["top_logprobs"] == 3
     assert manifest["server_info"]["models"] == ["fake-model"] and "api_key" not in json.dumps(manifest)

@@ -48,7 +48,7 @@ def cmd_run(target_name: str, overrides: dict[str, Any], *, config_path: str | N
     config, run, suites = prepare(config_path, overrides, include_path)
     target = config.target(target_name)
     manifest = asyncio.run(_run_one(target, suites, run, rerun))
-    print_run_summary(manifest)
+    print_run_summary(manifest, run.results_dir)
     return 0
 
 
@@ -59,18 +59,16 @@ async def _run_one(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefa
         return await run_target(ready, suites, run, limit=run.limit, rerun=rerun)
 
 
-def print_run_summary(manifest: RunManifest, out: Callable[[str], Any] = print) -> None:
+def print_run_summary(manifest: RunManifest, results_dir: str, out: Callable[[str], Any] = print) -> None:
     c = manifest.counts
     out(f"{manifest.run_id}: {c.get('ok', 0)}/{c.get('units', 0)} answered, {c.get('failed', 0)} failed "
-        f"({manifest.status}) → {manifest.run_id and 'results'}/{manifest.run_id}")
+        f"({manifest.status}) → {results_dir}/{manifest.run_id}")
 
 
 def add_compare_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """`compare` and `report` (defined with the comparison stage)."""
-    try:
-        from kvqual.compare import cli as compare_cli
-    except ImportError:
-        return
+    from kvqual.compare import cli as compare_cli
+
     compare_cli.add_parsers(sub, run_options)
 
 

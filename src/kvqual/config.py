@@ -38,6 +38,7 @@ class Target:
     kv_cache_dtype: str | None = None  # as expected; verified against the server's report
     tokenizer: str | None = None  # local tokenizer folder, for teacher-forcing chat items
     launch_timeout: float = 900.0
+    pinned_identity: Mapping[str, Any] | None = None  # identity before {port} was filled
 
     @property
     def base_url(self) -> str:
@@ -54,12 +55,15 @@ class Target:
         fill = lambda s: s.replace("{port}", str(port))  # noqa: E731
         return replace(
             self,
+            pinned_identity=self.identity(),
             base_urls=tuple(fill(u) for u in self.base_urls),
             launch=fill(self.launch) if self.launch else None,
         )
 
     def identity(self) -> dict[str, Any]:
         """What defines this target for run-folder hashing (no secrets, no port)."""
+        if self.pinned_identity is not None:
+            return dict(self.pinned_identity)
         return {
             "name": self.name,
             "base_urls": list(self.base_urls),

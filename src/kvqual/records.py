@@ -133,6 +133,7 @@ class Sample:
     score: float | None = None  # filled where the scorer is known at run time (lm-eval)
     ttft_s: float | None = None  # time to first token, streamed runs only
     base_url: str | None = None  # the replica that answered
+    context_id: str | None = None  # items sharing a context form a cluster for error bars
 
     @property
     def ok(self) -> bool:

@@ -57,8 +57,12 @@ class RunPlan:
 
     @property
     def run_id(self) -> str:
-        suffix = "" if self.replicate == 0 else f"-aa{self.replicate}"
-        return f"{self.target.name}-{self.key[:12]}{suffix}"
+        """`<target>-<key>`; an A/A replicate sits beside its run as `<target>-<key>-aa<N>[-f<fraction>]`."""
+        if self.replicate == 0:
+            return f"{self.target.name}-{self.key[:12]}"
+        main = run_key({**self.identity(), "replicate": 0, "fraction": 1.0})
+        fraction = "" if self.fraction >= 1.0 else f"-f{self.fraction:g}"
+        return f"{self.target.name}-{main[:12]}-aa{self.replicate}{fraction}"
 
 
 def in_fraction(suite: str, item_id: str, fraction: float) -> bool:
@@ -111,12 +115,13 @@ async def request_one(transport: Transport, item: Item, repeat: int, params: Gen
                 continue
             return Sample(id=item.id, suite=item.suite, repeat=repeat, text=None, finish_reason=None,
                           completion_tokens=None, error=info.message, latency_s=time.perf_counter() - t0,
-                          started_at=started, attempts=attempts, base_url=transport.base_url)
+                          started_at=started, attempts=attempts, base_url=transport.base_url,
+                          context_id=item.context_id)
         return Sample(
             id=item.id, suite=item.suite, repeat=repeat, text=answer.text, finish_reason=answer.finish_reason,
             completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
             latency_s=time.perf_counter() - t0, started_at=started, attempts=attempts, logprobs=answer.logprobs,
-            score=_score(item, answer.text), base_url=transport.base_url,
+            score=_score(item, answer.text), base_url=transport.base_url, context_id=item.context_id,
         )
 
 

@@ -1,0 +1,235 @@
+"""Two saved runs (+ the A/A replicate and teacher-forced files) → metrics and gate inputs.
+
+Pairs are joined by (suite, item id, repeat), never by position. A pair where either side
+failed is dropped from quality metrics and counted in `dropped_pairs`; failures stay
+visible in the reliability section and in the failed-rate criteria.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from kvqual.compare import stats as st
+from kvqual.compare import tokens as tk
+from kvqual.compare.teacher import Forced
+from kvqual.gate import AccuracyPairs, GateInputs, LengthPairs, RequestCounts, TokenPairs
+from kvqual.records import Sample
+
+Key = tuple[str, str, int]
+OVERALL = "overall"
+
+
+@dataclass(frozen=True)
+class Arm:
+    samples: Mapping[Key, Sample]
+    forced: Mapping[Key, Forced]  # teacher-forced baseline completions, scored by this arm
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), nd)
+
+
+def _ci(interval: Any) -> list[float | None]:
+    return [_r(interval.low), _r(interval.high)]
+
+
+def task_metrics(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any] | None:
+    scored = [(a, b) for a, b in pairs if a.score is not None and b.score is not None]
+    if not scored:
+        return None
+    base = np.array([a.score >= 0.5 for a, _ in scored])
+    cand = np.array([b.score >= 0.5 for _, b in scored])
+    counts = st.paired_counts(base, cand)
+    return {
+        "n": counts.n,
+        "acc_base": _r(base.mean()), "acc_base_ci": _ci(st.wilson_ci(int(base.sum()), base.size)),
+        "acc_cand": _r(cand.mean()), "acc_cand_ci": _ci(st.wilson_ci(int(cand.sum()), cand.size)),
+        "diff": _r(counts.difference), "diff_ci": _ci(st.newcombe_ci(counts)),
+        "flips_right_to_wrong": counts.b, "flips_wrong_to_right": counts.c,
+        "mcnemar_p": _r(st.mcnemar_exact_p(counts.b, counts.c)),
+    }
+
+
+def _tokens_of(s: Sample) -> tuple[str, ...]:
+    return s.logprobs.tokens if s.logprobs is not None else tuple(s.text or "")
+
+
+def generation_metrics(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any] | None:
+    if not pairs:
+        return None
+    lb = np.array([a.completion_tokens or 0 for a, _ in pairs], dtype=float)
+    lc = np.array([b.completion_tokens or 0 for _, b in pairs], dtype=float)
+    div = [tk.first_divergence(_tokens_of(a), _tokens_of(b)) for a, b in pairs]
+    diverged = [d for d in div if d is not None]
+    out: dict[str, Any] = {
+        "n": len(pairs),
+        "exact_rate": _r(np.mean([a.text == b.text for a, b in pairs])),
+        "first_div_median": _r(float(np.median(diverged))) if diverged else None,
+        "diverge_within_16": _r(np.mean([d is not None and d < 16 for d in div])),
+        "len_base_mean": _r(lb.mean()), "len_cand_mean": _r(lc.mean()),
+        "len_ratio": None, "len_ratio_ci": [None, None], "wilcoxon_p": None, "hl_shift": None,
+        "hl_ci": [None, None], "ks_stat": None, "ks_p": None,
+        "trunc_base": _r(np.mean([a.finish_reason == "length" for a, _ in pairs])),
+        "trunc_cand": _r(np.mean([b.finish_reason == "length" for _, b in pairs])),
+        "loops_base": _r(np.mean([tk.text_repetition_loop(a.text or "") is not None for a, _ in pairs])),
+        "loops_cand": _r(np.mean([tk.text_repetition_loop(b.text or "") is not None for _, b in pairs])),
+    }
+    if lb.sum() > 0 and len(pairs) >= 2:
+        ratio, _ = st.ratio_of_means_ci(lb, lc)
+        out.update(len_ratio=_r(ratio.estimate), len_ratio_ci=_ci(ratio))
+        hl = st.hodges_lehmann(lc - lb)
+        out.update(hl_shift=_r(hl.estimate), hl_ci=_ci(hl))
+        ks = st.ks_two_sample(lb, lc)
+        out.update(ks_stat=_r(ks.statistic), ks_p=_r(ks.pvalue))
+        if np.any(lc != lb):
+            out["wilcoxon_p"] = _r(st.wilcoxon_signed_rank(lb, lc).pvalue)
+    return out
+
+
+def forced_positions(ref: Forced, other: Forced) -> list[tk.PositionMetrics] | None:
+    """Position metrics KL(ref‖other) over the same completion tokens, or None if unusable."""
+    if not (ref.aligned and other.aligned and ref.logprobs and other.logprobs):
+        return None
+    a, b = ref.logprobs, other.logprobs
+    if a.tokens != b.tokens:
+        return None
+    return [tk.position_metrics(ta, tb, la, lb)
+            for ta, tb, la, lb in zip(a.top_logprobs, b.top_logprobs, a.token_logprobs, b.token_logprobs)]
+
+
+def token_metrics(per_item: Mapping[Key, list[tk.PositionMetrics] | None], n_keys: int) -> dict[str, Any] | None:
+    usable = {k: v for k, v in per_item.items() if v}
+    if not usable:
+        return None
+    flat = [m for v in usable.values() for m in v]
+    positions = [i for v in usable.values() for i in range(len(v))]
+    s = tk.summarize_positions(flat)
+    buckets = [{"start": b.start, "end": b.end, "n_tokens": b.summary.n_tokens if b.summary else 0,
+                "mean_kl": _r(b.summary.mean_kl) if b.summary else None,
+                "same_top1_rate": _r(b.summary.same_top1_rate) if b.summary else None}
+               for b in tk.bucket_by_position(positions, flat)]
+    return {"n_items": len(usable), "n_tokens": s.n_tokens, "misaligned": n_keys - len(usable),
+            "mean_kl": _r(s.mean_kl), "median_kl": _r(s.median_kl), "p99_kl": _r(s.p99_kl),
+            "same_top1_rate": _r(s.same_top1_rate), "rms_delta_p": _r(s.rms_delta_p),
+            "mean_delta_logprob": _r(s.mean_delta_logprob), "by_position": buckets}
+
+
+def _pairs(a: Mapping[Key, Sample], b: Mapping[Key, Sample], keys: list[Key]) -> tuple[list[tuple[Sample, Sample]], int]:
+    good = [(a[k], b[k]) for k in keys if k in a and k in b and a[k].ok and b[k].ok]
+    return good, len(keys) - len(good)
+
+
+def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, Forced] | None) -> tuple[dict[str, Any], GateInputs, dict[str, Any]]:
+    """Per-suite + overall metrics, the gate's inputs, and the data behind the report's plots."""
+    keys = sorted(base.samples)
+    suites = sorted({k[0] for k in keys})
+    ab_tok = {k: forced_positions(base.forced[k], cand.forced[k]) for k in keys
+              if k in base.forced and k in cand.forced}
+    aa_tok = ({k: forced_positions(base.forced[k], base_forced_again[k]) for k in keys
+               if k in base.forced and k in base_forced_again} if base_forced_again else {})
+    sections: dict[str, Any] = {}
+    accuracy: list[AccuracyPairs] = []
+    for suite in suites + [OVERALL]:
+        sk = [k for k in keys if suite == OVERALL or k[0] == suite]
+        ab, dropped = _pairs(base.samples, cand.samples, sk)
+        aak = [k for k in sk if aa is not None and k in aa.samples]
+        aap, _ = _pairs(base.samples, aa.samples, aak) if aa is not None else ([], 0)
+        sections[suite] = {
+            "task": {"ab": task_metrics(ab), "aa": task_metrics(aap) if aap else None},
+            "generation": {"ab": generation_metrics(ab), "aa": generation_metrics(aap) if aap else None},
+            "teacher": {"ab": token_metrics({k: ab_tok.get(k) for k in sk if k in ab_tok}, len(sk)),
+                        "aa": token_metrics({k: aa_tok.get(k) for k in sk if k in aa_tok}, len(sk)) if aa_tok else None},
+            "reliability": {
+                "base_failed": sum(1 for k in sk if not base.samples[k].ok),
+                "cand_failed": sum(1 for k in sk if k not in cand.samples or not cand.samples[k].ok),
+                "aa_failed": sum(1 for k in aak if not aa.samples[k].ok) if aa is not None else None,
+                "pairs": len(ab), "dropped_pairs": dropped},
+        }
+        scored = [(a, b) for a, b in ab if a.score is not None and b.score is not None]
+        if suite != OVERALL and scored:
+            accuracy.append(AccuracyPairs(suite, [a.score >= 0.5 for a, _ in scored], [b.score >= 0.5 for _, b in scored],
+                                          _clusters([a for a, _ in scored])))
+    ab_all, _ = _pairs(base.samples, cand.samples, keys)
+    aa_all, _ = _pairs(base.samples, aa.samples, [k for k in keys if k in aa.samples]) if aa is not None else ([], 0)
+    lengths = LengthPairs([a.completion_tokens or 0 for a, _ in ab_all], [b.completion_tokens or 0 for _, b in ab_all],
+                          _clusters([a for a, _ in ab_all])) if len(ab_all) >= 2 else None
+    floor = LengthPairs([a.completion_tokens or 0 for a, _ in aa_all], [b.completion_tokens or 0 for _, b in aa_all]) \
+        if len(aa_all) >= 2 else None
+    both = [k for k in keys if ab_tok.get(k) and aa_tok.get(k)]
+    token_pairs = None
+    if len(both) >= 2:
+        token_pairs = TokenPairs(
+            kl_cand=[np.mean([m.kl for m in ab_tok[k]]) for k in both],
+            kl_floor=[np.mean([m.kl for m in aa_tok[k]]) for k in both],
+            top1_cand=[np.mean([m.same_top1 for m in ab_tok[k]]) for k in both],
+            top1_floor=[np.mean([m.same_top1 for m in aa_tok[k]]) for k in both],
+            clusters=_clusters([base.samples[k] for k in both]))
+    inputs = GateInputs(
+        accuracy=tuple(accuracy), lengths=lengths, lengths_floor=floor, tokens=token_pairs,
+        base_requests=RequestCounts(sum(not s.ok for s in base.samples.values()), len(base.samples)),
+        cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys)),
+    )
+    plots = {
+        "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],
+                    "cand": [b.completion_tokens or 0 for _, b in ab_all],
+                    "aa": [b.completion_tokens or 0 for _, b in aa_all] if aa_all else None},
+        "first_divergence": {"ab": [tk.first_divergence(_tokens_of(a), _tokens_of(b)) for a, b in ab_all],
+                             "aa": [tk.first_divergence(_tokens_of(a), _tokens_of(b)) for a, b in aa_all] if aa_all else None},
+        "by_position": {"ab": (sections[OVERALL]["teacher"]["ab"] or {}).get("by_position"),
+                        "aa": (sections[OVERALL]["teacher"]["aa"] or {}).get("by_position")},
+        "flips": {s: {"right_to_wrong": sections[s]["task"]["ab"]["flips_right_to_wrong"],
+                      "wrong_to_right": sections[s]["task"]["ab"]["flips_wrong_to_right"]}
+                  for s in suites if sections[s]["task"]["ab"]},
+    }
+    return sections, inputs, plots
+
+
+def _clusters(samples: list[Sample]) -> np.ndarray | None:
+    ids = [s.context_id for s in samples]
+    if not any(ids):
+        return None
+    return np.array([c if c else f"{s.suite}\x00{s.id}" for c, s in zip(ids, samples)], dtype=object)
+
+
+def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int = 8) -> list[dict[str, Any]]:
+    """The most divergent pairs: earliest first divergence first, then biggest length change."""
+    rows = []
+    for k, a in base.items():
+        b = cand.get(k)
+        if b is None or not (a.ok and b.ok) or a.text == b.text:
+            continue
+        d = tk.first_divergence(_tokens_of(a), _tokens_of(b))
+        char = next((i for i, (x, y) in enumerate(zip(a.text or "", b.text or "")) if x != y),
+                    min(len(a.text or ""), len(b.text or "")))
+        flip = (a.score or 0) != (b.score or 0)
+        rows.append((not flip, d if d is not None else 10**9, -abs((b.completion_tokens or 0) - (a.completion_tokens or 0)),
+                     {"suite": k[0], "id": k[1], "repeat": k[2], "first_divergence": d, "divergence_char": char,
+                      "base_text": a.text, "cand_text": b.text, "score_base": a.score, "score_cand": b.score}))
+    rows.sort(key=lambda r: r[:3])
+    return [r[3] for r in rows[:limit]]
+
+
+def speed(samples: Mapping[Key, Sample], concurrency: int) -> dict[str, Any] | None:
+    ok = [s for s in samples.values() if s.ok and s.latency_s and s.started_at]
+    if not ok:
+        return None
+    start = min(s.started_at for s in ok)
+    end = max(s.started_at + s.latency_s for s in ok)
+    wall = max(end - start, 1e-9)
+    lat = np.array([s.latency_s for s in ok])
+    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    return {"output_tok_s": _r(sum(s.completion_tokens or 0 for s in ok) / wall, 2), "req_s": _r(len(ok) / wall, 3),
+            "latency_p50": _r(float(np.percentile(lat, 50)), 4), "latency_p95": _r(float(np.percentile(lat, 95)), 4),
+            "concurrency": concurrency, "ttft_p50": _r(float(np.median(ttft)), 4) if ttft else None}
+
+
+def throughput_pairs(base: Mapping[Key, Sample], cand: Mapping[Key, Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request output tokens/s, paired by key (requests that produced tokens in both arms)."""
+    keys = [k for k in base if k in cand and base[k].ok and cand[k].ok and (base[k].latency_s or 0) > 0
+            and (cand[k].latency_s or 0) > 0 and (base[k].completion_tokens or 0) > 0]
+    b = np.array([(base[k].completion_tokens or 0) / base[k].latency_s for k in keys])  # type: ignore[operator]
+    c = np.array([(cand[k].completion_tokens or 0) / cand[k].latency_s for k in keys])  # type: ignore[operator]
+    return b, c

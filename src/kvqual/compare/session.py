@@ -1,0 +1,200 @@
+"""`kvqual compare` and `kvqual report`: make sure the runs exist (baseline, A/A replicate,
+candidate; one server at a time), teacher-force, then judge and write the reports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvqual import __version__
+from kvqual.compare import metrics as mx
+from kvqual.compare.teacher import TeacherForcer, check_echo_trust, force_all, load_forced
+from kvqual.config import RunDefaults, Target
+from kvqual.errors import KvqualError, MismatchError
+from kvqual.gate import GatePolicy, decide
+from kvqual.records import Item, RunManifest
+from kvqual.store import load_manifest, load_samples, write_json_atomic
+from kvqual.suites import LoadedSuite
+
+REPORT_SCHEMA_VERSION = 1
+
+
+def teacher_file(base_dir: Path, scorer_run_id: str, again: bool = False) -> Path:
+    return base_dir / f"teacher-by-{scorer_run_id}{'-again' if again else ''}.jsonl"
+
+
+def _say(message: str) -> None:
+    print(f"kvqual: {message}", file=sys.stderr, flush=True)
+
+
+async def _force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
+                 run: RunDefaults, own_dir: Path, again: bool) -> float | None:
+    """Teacher-force the baseline's completions on `target`; check echo against its own outputs."""
+    base_samples = [s for s in load_samples(base_dir).values() if s.ok]
+    forcer = TeacherForcer(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
+                           run.timeout, run.concurrency)
+    try:
+        own = [s for s in load_samples(own_dir).values() if s.ok and s.logprobs is not None][:3]
+        trust = None
+        if own:
+            own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own if (s.suite, s.id) in items]
+            trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
+        _say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}")
+        await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))
+        if again:  # a second pass on the baseline server: the A/A floor of token metrics
+            await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True))
+        return trust
+    finally:
+        await forcer.aclose()
+
+
+def verify(base: RunManifest, cand: RunManifest, allow_mismatch: bool) -> list[str]:
+    """Refuse comparisons of the wrong thing (exit 2) unless --allow-mismatch; return warnings."""
+    problems, warnings = [], []
+    if base.model and cand.model and base.model != cand.model:
+        problems.append(f"the arms serve different models: {base.model!r} vs {cand.model!r}")
+    for m in (base, cand):
+        reported = m.server_info.get("kv_cache_dtype")
+        if m.kv_cache_dtype and reported and _norm(reported) != _norm(m.kv_cache_dtype):
+            problems.append(f"{m.target} is configured with kv_cache_dtype {m.kv_cache_dtype!r} but the server "
+                            f"reports {reported!r}")
+        scale = (m.server_info.get("server_info") or {}).get("kv_scale")
+        if reported and "fp8" in str(reported) and str(scale) == "1.0":
+            warnings.append(f"{m.target} runs an fp8 KV cache with a default scale of 1.0 (no calibrated scales)")
+    rb, rc = base.server_info.get("kv_cache_dtype"), cand.server_info.get("kv_cache_dtype")
+    if (base.kv_cache_dtype and cand.kv_cache_dtype and _norm(base.kv_cache_dtype) != _norm(cand.kv_cache_dtype)
+            and rb and rc and _norm(rb) == _norm(rc)):
+        problems.append(f"both arms report KV dtype {rb!r} while the config says {base.kv_cache_dtype!r} vs "
+                        f"{cand.kv_cache_dtype!r}")
+    if problems and not allow_mismatch:
+        raise MismatchError("; ".join(problems) + " (pass --allow-mismatch to compare anyway)")
+    return warnings + [f"allowed mismatch: {p}" for p in problems]
+
+
+def _norm(dtype: str) -> str:
+    d = dtype.lower()
+    return {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3"}.get(d, d)
+
+
+def _run_summary(m: RunManifest | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    si = m.server_info.get("server_info") or {}
+    return {"run_id": m.run_id, "target": m.target, "model": m.model, "kv_cache_dtype": m.kv_cache_dtype,
+            "reported_kv_dtype": m.server_info.get("kv_cache_dtype"), "kv_scale": si.get("kv_scale"),
+            "base_urls": list(m.base_urls), "units": m.counts.get("units"), "ok": m.counts.get("ok"),
+            "failed": m.counts.get("failed"), "started_at": m.started_at, "finished_at": m.finished_at,
+            "fraction": m.fraction, "concurrency": m.concurrency,
+            "suites": [{"name": s.name, "sha256": s.sha256, "n_items": s.n_items} for s in m.suites]}
+
+
+def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolicy, *, command: str,
+          teacher_forcing: bool = True, warnings: list[str] | None = None, allow_mismatch: bool = False,
+          seed: int = 0) -> dict[str, Any]:
+    """Saved runs → the report dict (report.json). Pure given the files: same runs, same numbers."""
+    bm, cm = load_manifest(base_dir), load_manifest(cand_dir)
+    am = load_manifest(aa_dir) if aa_dir else None
+    base_s, cand_s = load_samples(base_dir), load_samples(cand_dir)
+    aa_s = load_samples(aa_dir) if aa_dir else None
+    forced_b = load_forced(teacher_file(base_dir, bm.run_id)) if teacher_forcing else {}
+    forced_b2 = load_forced(teacher_file(base_dir, bm.run_id, True)) if teacher_forcing else {}
+    forced_c = load_forced(teacher_file(base_dir, cm.run_id)) if teacher_forcing else {}
+    tf_note = None
+    if teacher_forcing and not (forced_b and forced_c):
+        tf_note = "no teacher-forced files for these runs; token-level metrics absent"
+    elif not teacher_forcing:
+        tf_note = "--no-teacher-forcing: token-level metrics absent"
+    sections, inputs, plots = mx.build(mx.Arm(base_s, forced_b), mx.Arm(cand_s, forced_c),
+                                       mx.Arm(aa_s, {}) if aa_s is not None else None, forced_b2 or None)
+    tb, tc = mx.throughput_pairs(base_s, cand_s)
+    if policy.min_speedup is not None and tb.size >= 2:
+        from dataclasses import replace
+
+        inputs = replace(inputs, base_throughput=tb, cand_throughput=tc)
+    verdict = decide(policy, inputs, np.random.default_rng(seed))
+    speed = None
+    sb, sc = mx.speed(base_s, bm.concurrency), mx.speed(cand_s, cm.concurrency)
+    if sb and sc:
+        ratio = {"estimate": None, "ci_low": None, "ci_high": None}
+        if tb.size >= 2 and tb.sum() > 0:
+            from kvqual.compare import stats as st
+
+            r, _ = st.ratio_of_means_ci(tb, tc)
+            ratio = {"estimate": mx._r(r.estimate), "ci_low": mx._r(r.low), "ci_high": mx._r(r.high)}
+        speed = {"baseline": sb, "candidate": sc, "ratio": ratio}
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION, "kvqual_version": __version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(bm.finished_at or 0, cm.finished_at or 0))),
+        "command": command, "verdict": verdict.to_json(),
+        "runs": {"baseline": _run_summary(bm), "candidate": _run_summary(cm), "aa": _run_summary(am)},
+        "teacher_forcing": {"enabled": bool(teacher_forcing and forced_b and forced_c), "note": tf_note},
+        "allow_mismatch": allow_mismatch, "warnings": list(warnings or []),
+        "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s),
+    }
+
+
+def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "report.json", report)
+    paths = {"json": out_dir / "report.json"}
+    try:
+        from kvqual.report import write_reports
+    except ImportError:  # the renderers are optional only while the package is partially installed
+        return paths
+    paths.update(write_reports(report, out_dir))
+    return paths
+
+
+def console_summary(report: dict[str, Any]) -> str:
+    v = report["verdict"]
+    lines = [f"{v['verdict']}: {v['reason']}", ""]
+    lines.append(f"{'criterion':<28}{'estimate':>10}  {'interval':<22}{'bound':<18}status")
+    for c in v["criteria"]:
+        label = f"{c['name']}[{c['suite']}]" if c["suite"] else c["name"]
+        est = "—" if c["estimate"] is None else f"{c['estimate']:.4g}"
+        ci = "—" if c["ci_low"] is None else f"[{c['ci_low']:.4g}, {c['ci_high']:.4g}]"
+        lo, hi = c["bound_low"], c["bound_high"]
+        bound = f"≥ {lo:.4g}" if hi is None and lo is not None else f"≤ {hi:.4g}" if lo is None and hi is not None \
+            else f"[{lo:.4g}, {hi:.4g}]" if lo is not None else "—"
+        lines.append(f"{label:<28}{est:>10}  {ci:<22}{bound:<18}{c['status'].upper()}")
+    ov = report["suites"].get("overall", {})
+    gen, tok = (ov.get("generation") or {}).get("ab"), (ov.get("teacher") or {}).get("ab")
+    if gen:
+        lines.append(f"\nexact outputs {gen['exact_rate']:.1%}, length ratio {gen['len_ratio']}, n={gen['n']} pairs")
+    if tok:
+        lines.append(f"teacher-forced: mean KL {tok['mean_kl']:.4g}, same top-1 {tok['same_top1_rate']:.1%} "
+                     f"over {tok['n_tokens']} tokens")
+    if report.get("speed"):
+        s = report["speed"]
+        lines.append(f"speed: {s['baseline']['output_tok_s']} → {s['candidate']['output_tok_s']} output tok/s "
+                     f"(ratio {s['ratio']['estimate']})")
+    for w in report.get("warnings", []):
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def find_aa(base_dir: Path) -> Path | None:
+    """The A/A replicate saved beside a baseline run, if any."""
+    candidates = sorted(base_dir.parent.glob(f"{base_dir.name}-aa1*"))
+    return candidates[0] if candidates else None
+
+
+def load_report_inputs(run_a: str, run_b: str, aa: str | None) -> tuple[Path, Path, Path | None]:
+    a, b = Path(run_a), Path(run_b)
+    for p in (a, b):
+        if not (p / "manifest.json").is_file():
+            raise KvqualError(f"{p}: not a kvqual run folder (no manifest.json)")
+    aa_dir = Path(aa) if aa else find_aa(a)
+    if aa_dir is not None and not (aa_dir / "manifest.json").is_file():
+        raise KvqualError(f"{aa_dir}: not a kvqual run folder (no manifest.json)")
+    return a, b, aa_dir
+
+
+def dump(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, sort_keys=False)

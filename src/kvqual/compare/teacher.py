@@ -1,0 +1,154 @@
+"""Teacher forcing: score the baseline's completions on a server with `echo`, so both arms
+score identical tokens; and check first that a server's echo logprobs can be trusted.
+
+The prompt is sent as text (prompt, or the chat template's rendering from the server's
+`/tokenize`) followed by the baseline's completion text. The completion's tokens are found
+by `text_offset`; when they do not line up with the tokens the baseline generated (the
+boundary merged differently), the item is left out of token metrics and counted.
+Results land in the baseline run's folder as `teacher-by-<scoring run id>.jsonl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+
+from kvqual.client import Transport, echo_payload, parse_echo
+from kvqual.errors import ServerContractError
+from kvqual.probe import server_root
+from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
+
+ECHO_TRUST_MAX_MEAN_ABS = 0.1  # nats: fp8-level noise is ~0.02; a shifted or wrong echo is ≫ 0.1
+ECHO_TRUST_ITEMS = 3
+
+
+@dataclass(frozen=True)
+class Forced:
+    """One teacher-forced item: the completion's tokens as the scoring server saw them."""
+
+    suite: str
+    id: str
+    repeat: int
+    aligned: bool
+    reason: str | None
+    logprobs: TokenLogprobs | None  # completion positions only
+
+    def to_json(self) -> dict[str, Any]:
+        return {"suite": self.suite, "id": self.id, "repeat": self.repeat, "aligned": self.aligned,
+                "reason": self.reason, "logprobs": self.logprobs.to_json() if self.logprobs else None}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Forced":
+        lp = TokenLogprobs.from_json(d["logprobs"]) if d.get("logprobs") else None
+        return cls(d["suite"], d["id"], d["repeat"], d["aligned"], d.get("reason"), lp)
+
+
+def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogprobs | None) -> tuple[TokenLogprobs | None, str | None]:
+    """The echoed positions of the completion, or (None, why they do not line up)."""
+    if echo.text_offset is None:
+        return None, "server returned no text_offset"
+    start = next((i for i, off in enumerate(echo.text_offset) if off >= prompt_len), len(echo.tokens))
+    if start > 0 and echo.text_offset[start - 1] + len(echo.tokens[start - 1]) > prompt_len:
+        return None, "prompt/completion boundary merged into one token"
+    part = TokenLogprobs(tokens=echo.tokens[start:], token_logprobs=echo.token_logprobs[start:],
+                         top_logprobs=echo.top_logprobs[start:], text_offset=echo.text_offset[start:])
+    if not part.tokens:
+        return None, "empty completion"
+    if generated is not None:
+        gen = generated.tokens
+        if tuple(gen[: len(part.tokens)]) != part.tokens or len(gen) - len(part.tokens) > 1:
+            return None, "re-tokenized completion differs from the generated tokens"
+    if any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens):
+        return None, "missing logprobs inside the completion"
+    return part, None
+
+
+class TeacherForcer:
+    """Echo-scores prompt + completion on one server (completions API, text prompts)."""
+
+    def __init__(self, base_url: str, api_key: str, model: str, top_logprobs: int, timeout: float,
+                 concurrency: int) -> None:
+        self.base_url, self.api_key, self.model = base_url, api_key, model
+        self.top_logprobs, self.timeout = top_logprobs, timeout
+        self.transport = Transport(base_url, api_key, timeout)
+        self.semaphore = asyncio.Semaphore(concurrency)
+        self._rendered: dict[str, str | None] = {}
+
+    async def prompt_text(self, item: Item) -> str | None:
+        """The prompt as text; chat items through the server's /tokenize (None: not offered)."""
+        if item.api == "completions":
+            return item.prompt if isinstance(item.prompt, str) else None
+        key = f"{item.suite}\x00{item.id}"
+        if key not in self._rendered:
+            async with httpx.AsyncClient(timeout=self.timeout) as client:
+                try:
+                    r = await client.post(f"{server_root(self.base_url)}/tokenize",
+                                          json={"model": self.model, "messages": [dict(m) for m in item.messages or ()]})
+                    self._rendered[key] = r.json().get("prompt") if r.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    self._rendered[key] = None
+        return self._rendered[key]
+
+    async def force(self, item: Item, sample: Sample) -> Forced:
+        prompt = await self.prompt_text(item)
+        if prompt is None:
+            return Forced(sample.suite, sample.id, sample.repeat, False,
+                          "chat prompt cannot be rendered (server has no /tokenize taking messages)", None)
+        async with self.semaphore:
+            data = await self.transport.post_json("/completions",
+                                                  echo_payload(prompt + (sample.text or ""), self.model, self.top_logprobs))
+        echo = parse_echo(data, self.base_url)
+        part, why = completion_slice(echo, len(prompt), sample.logprobs)
+        return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | None:
+    """Mean |echo − generation| logprob over a server's own greedy outputs; raise when off."""
+    diffs = []
+    for sample, forced in own:
+        if not forced.aligned or forced.logprobs is None or sample.logprobs is None:
+            continue
+        for g, e in zip(sample.logprobs.token_logprobs, forced.logprobs.token_logprobs):
+            if g is not None and e is not None:
+                diffs.append(abs(g - e))
+    if not diffs:
+        return None
+    mean = sum(diffs) / len(diffs)
+    if mean > ECHO_TRUST_MAX_MEAN_ABS:
+        raise ServerContractError(
+            f"{server}: echo logprobs of its own greedy output differ from the logprobs it reported while "
+            f"generating (mean |Δ| {mean:.3f} nats > {ECHO_TRUST_MAX_MEAN_ABS}); teacher-forced metrics "
+            "would be noise — fix the server or pass --no-teacher-forcing")
+    return mean
+
+
+async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
+                    out: Path) -> list[Forced]:
+    """Teacher-force every sample (reusing a finished file), writing `out` as JSONL."""
+    if out.is_file():
+        done = [Forced.from_json(json.loads(l)) for l in out.read_text(encoding="utf-8").splitlines() if l.strip()]
+        if {(f.suite, f.id, f.repeat) for f in done} >= {s.key for s in samples}:
+            return done
+    tasks = [forcer.force(items[(s.suite, s.id)], s) for s in samples if (s.suite, s.id) in items]
+    results = await asyncio.gather(*tasks)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for f in results:
+            fh.write(dumps_line(f.to_json()))
+    tmp.replace(out)
+    return list(results)
+
+
+def load_forced(path: Path) -> dict[tuple[str, str, int], Forced]:
+    if not path.is_file():
+        return {}
+    rows = [Forced.from_json(json.loads(l)) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    return {(f.suite, f.id, f.repeat): f for f in rows}

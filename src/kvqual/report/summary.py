@@ -1,0 +1,327 @@
+"""The report dict (report.json, schema 1) turned into display rows shared by every format.
+
+Markdown, HTML and JUnit all show the same facts; this module decides once how a value
+reads ("—" for null, bounds as "≥ -0.05", CIs as "[a, b]"), so the formats cannot disagree.
+Pure functions over the dict: nothing here does I/O, and every value may be null.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+SCHEMA_VERSION = 1
+MISSING = "—"
+NOT_MEASURED = "not measured"
+
+STATUS_ICON = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️", "not_evaluated": "➖"}
+VERDICT_ICON = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️"}
+
+CRITERION_LABEL = {
+    "accuracy": "accuracy difference (cand − base)",
+    "length_ratio": "output length ratio (cand / base)",
+    "kl_excess": "mean KL beyond A/A floor",
+    "top1_loss": "same-top-1 loss beyond A/A floor",
+    "failed_rate_base": "failed-request rate, baseline",
+    "failed_rate_cand": "failed-request rate, candidate",
+    "speedup": "throughput ratio (cand / base)",
+}
+
+
+@dataclass(frozen=True)
+class CriterionRow:
+    """One gate criterion as display strings (plus the raw status for styling)."""
+
+    name: str
+    label: str
+    suite: str
+    estimate: str
+    ci: str
+    bound: str
+    status: str
+    icon: str
+    detail: str
+    n: str
+    n_more: str
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    """One row of the 'what was compared' table: a field across baseline/candidate/A/A."""
+
+    label: str
+    baseline: str
+    candidate: str
+    aa: str
+
+
+@dataclass(frozen=True)
+class SuiteRow:
+    """One suite: size, hash and how many pairs back the A/B comparison and the A/A floor."""
+
+    name: str
+    n_items: str
+    sha256: str
+    ab_pairs: str
+    aa_pairs: str
+    dropped_pairs: str
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One metric of one suite, A/B next to its A/A floor."""
+
+    suite: str
+    metric: str
+    ab: str
+    aa: str
+
+
+def get(mapping: Any, *keys: str | int) -> Any:
+    """Walk nested dicts/lists, returning None at the first missing or null step."""
+    value = mapping
+    for key in keys:
+        if value is None:
+            return None
+        if isinstance(key, int):
+            if not isinstance(value, Sequence) or isinstance(value, str) or key >= len(value):
+                return None
+            value = value[key]
+        else:
+            if not isinstance(value, Mapping):
+                return None
+            value = value.get(key)
+    return value
+
+
+def fmt_num(value: Any) -> str:
+    """A number for a table: ints as is, floats to 4 significant digits, null as '—'."""
+    if value is None or isinstance(value, bool):
+        return MISSING if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "∞" if value > 0 else "−∞"
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def fmt_pct(value: Any) -> str:
+    """A rate in [0, 1] shown as a percentage with one decimal, null as '—'."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return MISSING
+    return f"{100.0 * value:.1f}%"
+
+
+def fmt_interval(pair: Any) -> str:
+    """A [lo, hi] pair as '[lo, hi]'; '—' when absent or both ends are null."""
+    lo, hi = get(pair, 0), get(pair, 1)
+    if lo is None and hi is None:
+        return MISSING
+    return f"[{fmt_num(lo)}, {fmt_num(hi)}]"
+
+
+def fmt_bound(criterion: Mapping[str, Any]) -> str:
+    """The pass region of a criterion: '≥ lo', '≤ hi' or 'within [lo, hi]'."""
+    direction = criterion.get("direction")
+    lo, hi = criterion.get("bound_low"), criterion.get("bound_high")
+    if direction == "at_least" and lo is not None:
+        return f"≥ {fmt_num(lo)}"
+    if direction == "at_most" and hi is not None:
+        return f"≤ {fmt_num(hi)}"
+    if lo is None and hi is None:
+        return MISSING
+    return f"within [{fmt_num(lo)}, {fmt_num(hi)}]"
+
+
+def criterion_rows(report: Mapping[str, Any]) -> list[CriterionRow]:
+    """Every criterion of the verdict, in the order the gate listed them."""
+    rows = []
+    for c in get(report, "verdict", "criteria") or []:
+        status = str(c.get("status") or "not_evaluated")
+        level = c.get("ci_level")
+        ci = fmt_interval([c.get("ci_low"), c.get("ci_high")])
+        if ci != MISSING and isinstance(level, (int, float)):
+            ci = f"{ci} ({level:.0%})"
+        name = str(c.get("name") or "?")
+        rows.append(
+            CriterionRow(
+                name=name,
+                label=CRITERION_LABEL.get(name, name),
+                suite=str(c.get("suite") or "overall"),
+                estimate=fmt_num(c.get("estimate")),
+                ci=ci,
+                bound=fmt_bound(c),
+                status=status,
+                icon=STATUS_ICON.get(status, "?"),
+                detail=str(c.get("detail") or ""),
+                n=fmt_num(c.get("n")),
+                n_more=fmt_num(c.get("n_more")),
+            )
+        )
+    return rows
+
+
+def _run_value(run: Any, key: str) -> str:
+    if run is None:
+        return MISSING
+    value = run.get(key)
+    if key == "base_urls":
+        return ", ".join(str(u) for u in value) if value else MISSING
+    if key in ("kv_scale",) and value is None:
+        return "not reported"
+    if key == "reported_kv_dtype" and value is None:
+        return "not reported"
+    return fmt_num(value) if not isinstance(value, str) else value
+
+
+_ARM_FIELDS = (
+    ("target", "Target"),
+    ("model", "Model"),
+    ("kv_cache_dtype", "KV cache dtype (configured)"),
+    ("reported_kv_dtype", "KV cache dtype (server-reported)"),
+    ("kv_scale", "KV scale (server-reported)"),
+    ("ok", "Requests ok"),
+    ("failed", "Requests failed"),
+    ("run_id", "Run id"),
+    ("base_urls", "Server"),
+    ("started_at", "Started"),
+    ("finished_at", "Finished"),
+)
+
+
+def arm_rows(report: Mapping[str, Any]) -> list[ArmRow]:
+    """The 'what was compared' table: one row per run field, one column per arm."""
+    runs = report.get("runs") or {}
+    base, cand, aa = runs.get("baseline"), runs.get("candidate"), runs.get("aa")
+    rows = []
+    for key, label in _ARM_FIELDS:
+        aa_value = _run_value(aa, key) if aa is not None else NOT_MEASURED
+        rows.append(ArmRow(label, _run_value(base, key), _run_value(cand, key), aa_value))
+    return rows
+
+
+def _max_pairs(suite: Mapping[str, Any], arm: str) -> Any:
+    counts = [get(suite, kind, arm, "n_items" if kind == "teacher" else "n")
+              for kind in ("task", "generation", "teacher")]
+    counts = [c for c in counts if isinstance(c, int)]
+    return max(counts) if counts else None
+
+
+def suite_rows(report: Mapping[str, Any]) -> list[SuiteRow]:
+    """Suites of the baseline run with size and hash, plus paired counts A/B and A/A."""
+    suites = report.get("suites") or {}
+    listed = get(report, "runs", "baseline", "suites") or []
+    names = [s.get("name") for s in listed] + [n for n in suites if n != "overall"]
+    rows, seen = [], set()
+    for name in names:
+        if name is None or name in seen:
+            continue
+        seen.add(name)
+        info = next((s for s in listed if s.get("name") == name), {})
+        block = suites.get(name) or {}
+        pairs = get(block, "reliability", "pairs")
+        sha = info.get("sha256")
+        aa_pairs = _max_pairs(block, "aa")
+        no_aa = get(report, "runs", "aa") is None
+        rows.append(
+            SuiteRow(
+                name=str(name),
+                n_items=fmt_num(info.get("n_items")),
+                sha256=str(sha)[:12] if sha else MISSING,
+                ab_pairs=fmt_num(pairs if pairs is not None else _max_pairs(block, "ab")),
+                aa_pairs=NOT_MEASURED if aa_pairs is None and no_aa else fmt_num(aa_pairs),
+                dropped_pairs=fmt_num(get(block, "reliability", "dropped_pairs")),
+            )
+        )
+    return rows
+
+
+_METRICS = (
+    ("task", "acc_base", "accuracy, baseline", fmt_pct),
+    ("task", "acc_cand", "accuracy, candidate", fmt_pct),
+    ("task", "diff", "accuracy difference", fmt_num),
+    ("task", "flips_right_to_wrong", "flips right→wrong", fmt_num),
+    ("task", "flips_wrong_to_right", "flips wrong→right", fmt_num),
+    ("task", "mcnemar_p", "McNemar p", fmt_num),
+    ("generation", "exact_rate", "byte-identical outputs", fmt_pct),
+    ("generation", "first_div_median", "median first-divergence token", fmt_num),
+    ("generation", "len_ratio", "output length ratio", fmt_num),
+    ("generation", "wilcoxon_p", "length Wilcoxon p", fmt_num),
+    ("generation", "loops_cand", "repetition loops (cand)", fmt_num),
+    ("generation", "trunc_cand", "truncated at max_tokens (cand)", fmt_num),
+    ("teacher", "mean_kl", "mean KL (teacher-forced)", fmt_num),
+    ("teacher", "p99_kl", "p99 KL", fmt_num),
+    ("teacher", "same_top1_rate", "same top-1 token", fmt_pct),
+)
+
+
+def metric_rows(report: Mapping[str, Any]) -> list[MetricRow]:
+    """Headline metrics per suite ('overall' first), A/B beside the A/A floor."""
+    suites = report.get("suites") or {}
+    order = (["overall"] if "overall" in suites else []) + sorted(n for n in suites if n != "overall")
+    rows = []
+    for name in order:
+        block = suites[name] or {}
+        for kind, key, label, fmt in _METRICS:
+            ab, aa = get(block, kind, "ab", key), get(block, kind, "aa", key)
+            if ab is None and aa is None:
+                continue
+            if key == "diff":
+                ab_ci = fmt_interval(get(block, kind, "ab", "diff_ci"))
+                text_ab = fmt(ab) + ("" if ab_ci == MISSING else f" {ab_ci}")
+            elif key == "len_ratio":
+                ab_ci = fmt_interval(get(block, kind, "ab", "len_ratio_ci"))
+                text_ab = fmt(ab) + ("" if ab_ci == MISSING else f" {ab_ci}")
+            else:
+                text_ab = fmt(ab)
+            rows.append(MetricRow(str(name), label, text_ab, fmt(aa)))
+    return rows
+
+
+def speed_rows(report: Mapping[str, Any]) -> list[ArmRow]:
+    """Throughput and latency of both arms (the A/A column holds the ratio); [] if unmeasured."""
+    speed = report.get("speed")
+    if not speed:
+        return []
+    fields = (
+        ("output_tok_s", "output tokens/s"),
+        ("req_s", "requests/s"),
+        ("latency_p50", "latency p50 (s)"),
+        ("latency_p95", "latency p95 (s)"),
+        ("ttft_p50", "time to first token p50 (s)"),
+        ("concurrency", "concurrency"),
+    )
+    rows = [
+        ArmRow(label, fmt_num(get(speed, "baseline", k)), fmt_num(get(speed, "candidate", k)), "")
+        for k, label in fields
+    ]
+    ratio = speed.get("ratio") or {}
+    ci = fmt_interval([ratio.get("ci_low"), ratio.get("ci_high")])
+    rows.append(ArmRow("throughput ratio (cand / base)", fmt_num(ratio.get("estimate")), ci, ""))
+    return rows
+
+
+def title(report: Mapping[str, Any]) -> str:
+    """'candidate vs baseline' from the run targets, for headings."""
+    base = get(report, "runs", "baseline", "target") or "baseline"
+    cand = get(report, "runs", "candidate", "target") or "candidate"
+    return f"{cand} vs {base}"
+
+
+def verdict_line(report: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(verdict, icon, reason) with safe defaults when the verdict is missing."""
+    verdict = str(get(report, "verdict", "verdict") or "UNKNOWN")
+    reason = str(get(report, "verdict", "reason") or "no reason given")
+    return verdict, VERDICT_ICON.get(verdict, "❔"), reason
+
+
+def exit_code(report: Mapping[str, Any]) -> str:
+    """The exit code the gate returned, as text ('—' when absent)."""
+    return fmt_num(get(report, "verdict", "exit_code"))
