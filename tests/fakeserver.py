@@ -103,7 +103,8 @@ class Fake:
         prompt_tokens = tokenize(prompt)
         if body.get("echo") and body.get("max_tokens") == 0:
             choice = {"index": 0, "text": prompt, "finish_reason": "length",
-                      "logprobs": self.logprobs("", prompt_tokens, max(k, 1), first_null=True)}
+                      "logprobs": None if self.args.no_logprobs else
+                      self.logprobs("", prompt_tokens, max(k, 1), first_null=True)}
             return _ok(body, [choice], len(prompt_tokens), 0)
         text = self.answer(prompt)
         max_tokens = int(body.get("max_tokens") or 16)

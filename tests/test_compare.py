@@ -1,0 +1,108 @@
+"""`kvqual compare` / `kvqual report` end to end against fake servers on loopback."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtest import write_suite
+
+
+def items(n, prefix="q"):
+    return [{"id": f"{prefix}{i}", "prompt": f"Question {i}: [[answer={i}]] A:", "answer": str(i), "scorer": "exact"}
+            for i in range(n)]
+
+
+def kvqual(tmp_path, *args):
+    env = {**os.environ, "CI": "true"}
+    return subprocess.run([sys.executable, "-m", "kvqual", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def setup(tmp_path, fake_server, cand_flags, n=200, base_dtype="bf16", cand_dtype="fp8_e4m3", reported=None):
+    base = fake_server("--kv-cache-dtype", base_dtype)
+    cand = fake_server("--kv-cache-dtype", reported or cand_dtype, *cand_flags)
+    write_suite(tmp_path / "s.jsonl", items(n))
+    (tmp_path / "kvqual.toml").write_text(
+        f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "{base_dtype}"\n'
+        f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "{cand_dtype}"\n')
+    return base, cand
+
+
+def report_of(tmp_path):
+    path, = (tmp_path / "results").glob("compare-*/report.json")
+    return json.loads(path.read_text())
+
+
+def criterion(report, name):
+    return next(c for c in report["verdict"]["criteria"] if c["name"] == name)
+
+
+def test_identical_servers_pass(tmp_path, fake_server):
+    setup(tmp_path, fake_server, [])
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("PASS")
+    rep = report_of(tmp_path)
+    assert rep["teacher_forcing"]["enabled"] and rep["suites"]["overall"]["teacher"]["ab"]["mean_kl"] == 0
+    assert rep["runs"]["aa"]["run_id"].endswith("-aa1")
+    for kind in ("report.json", "report.md", "report.html", "junit.xml"):
+        assert list((tmp_path / "results").glob(f"compare-*/{kind}")), kind
+
+
+def test_many_wrong_answers_fail_and_report_reproduces(tmp_path, fake_server):
+    setup(tmp_path, fake_server, ["--wrong-rate", "0.3"])
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = report_of(tmp_path)
+    acc = criterion(rep, "accuracy")
+    assert acc["status"] == "fail" and acc["estimate"] < -0.2
+    task = rep["suites"]["s"]["task"]["ab"]
+    assert task["flips_right_to_wrong"] > 40 and task["flips_wrong_to_right"] == 0
+    base_run, cand_run = rep["runs"]["baseline"]["run_id"], rep["runs"]["candidate"]["run_id"]
+    again = kvqual(tmp_path, "report", f"results/{base_run}", f"results/{cand_run}", "--out", "again")
+    assert again.returncode == 1
+    rep2 = json.loads((tmp_path / "again" / "report.json").read_text())
+    rep.pop("command"), rep2.pop("command")
+    assert rep == rep2  # bit for bit from the same saved runs
+
+
+def test_handful_of_items_is_inconclusive(tmp_path, fake_server):
+    setup(tmp_path, fake_server, ["--wrong-rate", "0.3"], n=6)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stdout.startswith("INCONCLUSIVE") and "more items" in r.stdout
+
+
+def test_much_longer_answers_fail_on_length(tmp_path, fake_server):
+    setup(tmp_path, fake_server, ["--length-factor", "3"])
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--no-teacher-forcing")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert criterion(report_of(tmp_path), "length_ratio")["status"] == "fail"
+
+
+def test_drifting_token_distributions_are_measured(tmp_path, fake_server):
+    setup(tmp_path, fake_server, ["--logprob-noise", "1.5"])
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    rep = report_of(tmp_path)
+    assert rep["suites"]["overall"]["teacher"]["ab"]["mean_kl"] > 0.03
+    assert rep["suites"]["overall"]["teacher"]["aa"]["mean_kl"] == 0
+    assert criterion(rep, "kl_excess")["status"] == "fail" and r.returncode == 1
+
+
+def test_same_reported_kv_dtype_is_refused(tmp_path, fake_server):
+    setup(tmp_path, fake_server, [], n=5, reported="bf16")
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode == 2
+    assert "reports 'bf16'" in r.stderr and "--allow-mismatch" in r.stderr
+    allowed = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--allow-mismatch")
+    assert allowed.returncode == 3 and "allowed mismatch" in allowed.stdout  # 5 items: not enough to decide
+
+
+def test_server_without_echo_stops_teacher_forcing(tmp_path, fake_server):
+    setup(tmp_path, fake_server, ["--no-logprobs"], n=5)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--top-logprobs", "0")
+    assert r.returncode == 4 and "echo" in r.stderr
