@@ -134,3 +134,15 @@ def test_resume_after_sigkill(tmp_path, fake_server):
     assert all(counts[f"prompt {i[1:]}"] == 1 for i in answered_before)
     assert load_manifest(files[0].parent).status == "complete"
     assert not (files[0].parent / RETRIED).exists()
+
+
+def test_lmeval_suite_runs_through_the_runner(tmp_path, fake_server):
+    """An lm-eval task (the shipped offline one) lands in samples.jsonl, keyed for pairing."""
+    server = fake_server()
+    suites = tuple(load_suites(["lm-eval:kvqual_arith"], seed=0, limit=5))
+    target = Target(name="t", base_urls=(server.base_url,))
+    m = asyncio.run(run_target(target, suites, RunDefaults(results_dir=str(tmp_path), limit=5), limit=5,
+                               progress=False))
+    samples = load_samples(tmp_path / m.run_id)
+    assert len(samples) == 5 and all(k[0] == "lm-eval:kvqual_arith" for k in samples)
+    assert all(s.ok and s.score == 0.0 for s in samples.values())  # the fake answers " ok ...": wrong

@@ -212,6 +212,12 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
 
     status = "incomplete"
     try:
+        for suite in plan.suites:
+            names = {f"lm-eval:{t}" for t in suite.lmeval_tasks}
+            if names and not any(k[0] in names for k in store.done):
+                for sample in await asyncio.to_thread(_lmeval_samples, plan, suite, run):
+                    store.append(sample)
+                    total += 1
         await asyncio.gather(*(worker() for _ in range(max(1, min(run.concurrency, len(units))))))
         if abort:
             raise abort[0]
@@ -234,6 +240,17 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
             f"({failed_rate:.1%} > max_failed_rate {run.max_failed_rate:.1%}); errors are in "
             f"{store.run_dir}/samples.jsonl — run the same command again to retry them")
     return store.manifest
+
+
+def _lmeval_samples(plan: RunPlan, suite: LoadedSuite, run: RunDefaults) -> list[Sample]:
+    """lm-eval builds and scores its own requests; its per-sample results join the run's samples."""
+    from kvqual.suites.lmeval import run_lmeval
+
+    _, samples = run_lmeval(list(suite.lmeval_tasks), base_url=plan.target.base_url, model=plan.model,
+                            limit=plan.limit, include_path=suite.include_path, api_key=plan.target.api_key(),
+                            concurrency=min(run.concurrency, 16), max_gen_toks=run.max_tokens,
+                            timeout_s=int(run.timeout), tokenizer=plan.target.tokenizer)
+    return samples
 
 
 def new_manifest(plan: RunPlan, concurrency: int, server_info: dict[str, Any]) -> RunManifest:

@@ -37,7 +37,7 @@ def test_what_was_compared_names_targets_models_dtypes_scales_suites_and_floor(r
     assert "| Model | SmolLM2-135M-Instruct | SmolLM2-135M-Instruct | SmolLM2-135M-Instruct |" in text
     assert "| KV cache dtype (configured) | bf16 | fp8_e4m3 | bf16 |" in text
     assert "| KV cache dtype (server-reported) | bf16 | fp8_e4m3 | bf16 |" in text
-    assert "| KV scale (server-reported) | not reported | 1 | not reported |" in text
+    assert "| KV scale (server-reported) | not reported | 1.0 | not reported |" in text
     assert "| arith | 20 | 3f5a9c0e7b21 | 20 | 20 | 0 |" in text
     assert "| overall | same top-1 token | 92.6% | 98.9% |" in text
     assert "Throughput ratio (cand / base): **1.181**, CI [1.09, 1.27]" in text
@@ -47,7 +47,10 @@ def test_what_was_compared_names_targets_models_dtypes_scales_suites_and_floor(r
 
 def test_renders_as_github_markdown_tables(report):
     html = _gfm_html(render_markdown(report))
-    assert html.count("<table>") == 6  # criteria, arms, suites, metrics, speed... and nothing broken
+    assert html.count("<table>") == 5  # criteria, arms, suites, metrics, speed
+    criteria_table = html.split("<table>")[1]
+    assert criteria_table.count("<tr>") == 1 + 7  # header + one row per criterion
+    assert "<td>≤ 0.03</td>" in criteria_table
     assert "<td>kl_excess" not in html and "<td>mean KL beyond A/A floor</td>" in html
 
 
@@ -71,8 +74,10 @@ def test_stays_under_github_comment_limit_with_a_note(report):
     assert len(text) <= GITHUB_COMMENT_LIMIT
     assert "more criteria (failing and inconclusive listed first) not shown" in text
     assert "more warnings not shown" in text
-    # the failing criteria survive the cut
-    assert text.count("❌ fail") == 3000 // 7 + (1 if 3000 % 7 > 2 else 0) or "❌ fail" in text
+    # failing criteria are listed first, so the cut keeps them (429 of 3000 fail here)
+    section = text.split("### Criteria")[1].split("###")[0]
+    rows = [l for l in section.splitlines() if l.startswith("| ") and "Criterion" not in l]
+    assert rows and all("❌ fail" in r for r in rows)
     assert text.splitlines()[0].startswith("## ❌ kvqual: **FAIL**")
 
 
@@ -94,3 +99,12 @@ def test_hostile_target_name_is_neutralised(report):
     html = _gfm_html(render_markdown(r))
     assert "<img src=x" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_kv_scale_forms():
+    from kvqual.report.summary import fmt_scale
+    assert fmt_scale(1.0) == "1.0"
+    assert fmt_scale(0.0213) == "0.0213"
+    assert fmt_scale([1.0, 1.0, 1.0]) == "3 values, 1"
+    assert fmt_scale({"layer.0": 0.5, "layer.1": 2.0}) == "2 values, 0.5–2"
+    assert fmt_scale([]) == "—"

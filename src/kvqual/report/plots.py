@@ -1,7 +1,8 @@
 """The plots of report.html, as base64 PNG data URIs so the file opens offline.
 
-Each function takes one block of report["plots"], draws the A/B comparison with the A/A
-floor (baseline vs baseline) in grey dashes, and returns None when there is nothing to draw.
+Each `*_figure` function takes one block of report["plots"], draws the A/B comparison with
+the A/A floor (baseline vs baseline) in grey dashes, and returns None when there is nothing
+to draw; `all_plots` turns them into data URIs.
 Figures are built with matplotlib's object API (no pyplot state) and PNGs carry no
 timestamp or version metadata, so the same input gives the same bytes.
 """
@@ -20,7 +21,10 @@ BASE, CAND, FLOOR = "#1f77b4", "#ff7f0e", "#555555"
 FLOOR_STYLE = {"color": FLOOR, "linestyle": "--", "linewidth": 1.6}
 
 
-def _to_data_uri(fig: Figure) -> str:
+def to_data_uri(fig: Figure | None) -> str | None:
+    """A figure as a base64 PNG data URI (no metadata, so stable bytes); None passes through."""
+    if fig is None:
+        return None
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
@@ -31,7 +35,7 @@ def _ints(values: Any) -> list[int]:
     return [int(v) for v in values or [] if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def lengths_plot(lengths: Mapping[str, Any] | None) -> str | None:
+def lengths_figure(lengths: Mapping[str, Any] | None) -> Figure | None:
     """Output-length histograms of both arms; the A/A replicate as a dashed outline."""
     base, cand, aa = (_ints((lengths or {}).get(k)) for k in ("base", "cand", "aa"))
     if not base and not cand:
@@ -49,7 +53,7 @@ def lengths_plot(lengths: Mapping[str, Any] | None) -> str | None:
     ax.set_title("Output length distribution")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _to_data_uri(fig)
+    return fig
 
 
 def _divergence_cdf(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -60,7 +64,7 @@ def _divergence_cdf(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]
     return diverged, share, total
 
 
-def first_divergence_plot(block: Mapping[str, Any] | None) -> str | None:
+def first_divergence_figure(block: Mapping[str, Any] | None) -> Figure | None:
     """CDF of the first token where the two outputs differ (identical pairs never count)."""
     ab = list((block or {}).get("ab") or [])
     aa = list((block or {}).get("aa") or [])
@@ -85,7 +89,7 @@ def first_divergence_plot(block: Mapping[str, Any] | None) -> str | None:
     ax.set_title("First-divergence CDF")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    return _to_data_uri(fig)
+    return fig
 
 
 def _bucket_series(buckets: Sequence[Mapping[str, Any]], key: str) -> tuple[list[str], list[float]]:
@@ -98,7 +102,7 @@ def _bucket_series(buckets: Sequence[Mapping[str, Any]], key: str) -> tuple[list
     return labels, values
 
 
-def by_position_plot(block: Mapping[str, Any] | None) -> str | None:
+def by_position_figure(block: Mapping[str, Any] | None) -> Figure | None:
     """Mean KL and same-top-1 rate per token-position bucket, A/B against the A/A floor."""
     ab = list((block or {}).get("ab") or [])
     aa = list((block or {}).get("aa") or [])
@@ -123,10 +127,10 @@ def by_position_plot(block: Mapping[str, Any] | None) -> str | None:
     axes[1].set_xticks(x, labels, rotation=30, fontsize=8)
     axes[1].set_xlabel("token position bucket")
     fig.tight_layout()
-    return _to_data_uri(fig)
+    return fig
 
 
-def flips_plot(flips: Mapping[str, Any] | None, aa_flips: Mapping[str, tuple[Any, Any]]) -> str | None:
+def flips_figure(flips: Mapping[str, Any] | None, aa_flips: Mapping[str, tuple[Any, Any]]) -> Figure | None:
     """Right→wrong and wrong→right flips per suite; A/A flips marked as dashed ticks."""
     suites = sorted((flips or {}).keys())
     if not suites:
@@ -154,7 +158,7 @@ def flips_plot(flips: Mapping[str, Any] | None, aa_flips: Mapping[str, tuple[Any
     ax.set_title("Answer flips per suite")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _to_data_uri(fig)
+    return fig
 
 
 def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
@@ -166,8 +170,8 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
         if task_aa:
             aa_flips[name] = (task_aa.get("flips_right_to_wrong"), task_aa.get("flips_wrong_to_right"))
     return {
-        "lengths": lengths_plot(plots.get("lengths")),
-        "first_divergence": first_divergence_plot(plots.get("first_divergence")),
-        "by_position": by_position_plot(plots.get("by_position")),
-        "flips": flips_plot(plots.get("flips"), aa_flips),
+        "lengths": to_data_uri(lengths_figure(plots.get("lengths"))),
+        "first_divergence": to_data_uri(first_divergence_figure(plots.get("first_divergence"))),
+        "by_position": to_data_uri(by_position_figure(plots.get("by_position"))),
+        "flips": to_data_uri(flips_figure(plots.get("flips"), aa_flips)),
     }

@@ -127,6 +127,22 @@ def fmt_interval(pair: Any) -> str:
     return f"[{fmt_num(lo)}, {fmt_num(hi)}]"
 
 
+def fmt_scale(value: Any) -> str:
+    """A KV scale: one number, or per-layer values summarised as 'N values, min–max'."""
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        nums = [v for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not nums:
+            return f"{len(value)} values" if value else MISSING
+        lo, hi = min(nums), max(nums)
+        span = fmt_num(float(lo)) if lo == hi else f"{fmt_num(float(lo))}–{fmt_num(float(hi))}"
+        return f"{len(value)} values, {span}" if len(value) > 1 else span
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{float(value):.4g}" if float(value) != int(value) else f"{float(value):.1f}"
+    return str(value)
+
+
 def fmt_bound(criterion: Mapping[str, Any]) -> str:
     """The pass region of a criterion: '≥ lo', '≤ hi' or 'within [lo, hi]'."""
     direction = criterion.get("direction")
@@ -174,10 +190,10 @@ def _run_value(run: Any, key: str) -> str:
     value = run.get(key)
     if key == "base_urls":
         return ", ".join(str(u) for u in value) if value else MISSING
-    if key in ("kv_scale",) and value is None:
+    if key in ("kv_scale", "reported_kv_dtype") and value is None:
         return "not reported"
-    if key == "reported_kv_dtype" and value is None:
-        return "not reported"
+    if key == "kv_scale":
+        return fmt_scale(value)
     return fmt_num(value) if not isinstance(value, str) else value
 
 
