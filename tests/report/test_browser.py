@@ -107,3 +107,13 @@ def test_script_in_model_output_is_text_and_never_runs(page, tmp_path):
     assert "Here is HTML: <script>alert(1)</script> oops" in text
     assert "Here is HTML: <b>bold</b> and the end." in text
     assert "FAIL" in text and "kvqual compare bf16 fp8 --limit 20" in text
+
+
+def test_missing_chromium_skips_locally_but_fails_in_ci(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        _chromium()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="chromium is required in CI"):
+        _chromium()

@@ -108,3 +108,13 @@ def test_kv_scale_forms():
     assert fmt_scale([1.0, 1.0, 1.0]) == "3 values, 1"
     assert fmt_scale({"layer.0": 0.5, "layer.1": 2.0}) == "2 values, 0.5–2"
     assert fmt_scale([]) == "—"
+
+
+def test_epoch_timestamps_render_as_utc_iso(report):
+    from kvqual.report.summary import fmt_time
+    assert fmt_time(1_796_079_600.4) == "2026-11-30T23:00:00Z"
+    assert fmt_time("2026-11-30T22:40:00Z") == "2026-11-30T22:40:00Z"
+    assert fmt_time(None) == "—"
+    r = copy.deepcopy(report)
+    r["runs"]["baseline"]["started_at"] = 1_796_079_600
+    assert "| Started | 2026-11-30T23:00:00Z | 2026-11-30T22:40:00Z |" in render_markdown(r)

@@ -143,10 +143,8 @@ def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / "report.json", report)
     paths = {"json": out_dir / "report.json"}
-    try:
-        from kvqual.report import write_reports
-    except ImportError:  # the renderers are optional only while the package is partially installed
-        return paths
+    from kvqual.report import write_reports
+
     paths.update(write_reports(report, out_dir))
     return paths
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvqual.errors import KvqualError
 from kvqual.report.html import render_html

@@ -8,7 +8,8 @@ the whole template, and no value is ever marked safe except the plots' own data 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jinja2
 

@@ -9,7 +9,8 @@ decides how CI treats it); not_evaluated â†’ <skipped message="not evaluated: â€
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvqual.report import summary as S
 

@@ -9,7 +9,8 @@ comment limit (65,536 characters), with a note saying what was left out.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from kvqual.report import summary as S
 

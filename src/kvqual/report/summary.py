@@ -8,8 +8,10 @@ Pure functions over the dict: nothing here does I/O, and every value may be null
 from __future__ import annotations
 
 import math
+from datetime import datetime, timezone
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 SCHEMA_VERSION = 1
 MISSING = "—"
@@ -25,6 +27,8 @@ CRITERION_LABEL = {
     "top1_loss": "same-top-1 loss beyond A/A floor",
     "failed_rate_base": "failed-request rate, baseline",
     "failed_rate_cand": "failed-request rate, candidate",
+    "failed_rate_baseline": "failed-request rate, baseline",
+    "failed_rate_candidate": "failed-request rate, candidate",
     "speedup": "throughput ratio (cand / base)",
 }
 
@@ -127,6 +131,14 @@ def fmt_interval(pair: Any) -> str:
     return f"[{fmt_num(lo)}, {fmt_num(hi)}]"
 
 
+def fmt_time(value: Any) -> str:
+    """A timestamp: ISO text as given, epoch seconds as ISO 8601 UTC, null as '—'."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        moment = datetime.fromtimestamp(float(value), tz=timezone.utc)
+        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return MISSING if value is None else str(value)
+
+
 def fmt_scale(value: Any) -> str:
     """A KV scale: one number, or per-layer values summarised as 'N values, min–max'."""
     if isinstance(value, Mapping):
@@ -190,6 +202,8 @@ def _run_value(run: Any, key: str) -> str:
     value = run.get(key)
     if key == "base_urls":
         return ", ".join(str(u) for u in value) if value else MISSING
+    if key in ("started_at", "finished_at"):
+        return fmt_time(value)
     if key in ("kv_scale", "reported_kv_dtype") and value is None:
         return "not reported"
     if key == "kv_scale":
