@@ -1,0 +1,45 @@
+"""Launched targets: started one at a time, healthy before use, stopped after (ports free)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvtest import FAKE, write_suite
+from kvqual.launch import port_is_free
+
+
+def test_compare_launches_each_target_in_turn_and_stops_it(tmp_path):
+    write_suite(tmp_path / "s.jsonl", [{"id": f"q{i}", "prompt": f"Q{i} [[answer={i}]]", "answer": str(i)}
+                                       for i in range(30)])
+    py = sys.executable
+    (tmp_path / "kvqual.toml").write_text(
+        f'[targets.a]\nbase_url = "http://127.0.0.1:{{port}}/v1"\nkv_cache_dtype = "bf16"\n'
+        f'launch = "{py} {FAKE} --port {{port}} --kv-cache-dtype bf16"\n'
+        f'[targets.b]\nbase_url = "http://127.0.0.1:{{port}}/v1"\nkv_cache_dtype = "fp8_e4m3"\n'
+        f'launch = "{py} {FAKE} --port {{port}} --kv-cache-dtype fp8_e4m3"\n')
+    r = subprocess.run([py, "-m", "kvqual", "compare", "a", "b", "--suite", "s.jsonl"], cwd=tmp_path,
+                       env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 3), r.stdout + r.stderr
+    events = [l for l in r.stderr.splitlines() if "starting" in l or "stopping" in l]
+    assert [e.split()[1] for e in events] == ["starting", "stopping", "starting", "stopping"]
+    assert "a:" in events[0] and "b:" in events[2]
+    ports = [int(l.split("--port ")[1].split()[0]) for l in events if "starting" in l]
+    assert all(port_is_free(p) for p in ports)
+    for port in ports:
+        leftover = subprocess.run(["pgrep", "-f", f"{FAKE} --port {port} "], capture_output=True, text=True)
+        assert not leftover.stdout.split(), f"a launched server on port {port} outlived the comparison"
+    report = json.loads(next((tmp_path / "results").glob("compare-*/report.json")).read_text())
+    assert report["runs"]["baseline"]["reported_kv_dtype"] == "bf16"
+    assert report["runs"]["candidate"]["reported_kv_dtype"] == "fp8_e4m3"
+    assert len(list((tmp_path / "results" / "launch-logs").glob("*.log"))) == 2  # output captured
+
+
+def test_launch_that_dies_is_an_infrastructure_error(tmp_path):
+    write_suite(tmp_path / "s.jsonl", [{"id": "a", "prompt": "x"}])
+    (tmp_path / "kvqual.toml").write_text(
+        f'[targets.a]\nbase_url = "http://127.0.0.1:{{port}}/v1"\nlaunch = "{sys.executable} -c \'raise SystemExit(3)\'"\n')
+    r = subprocess.run([sys.executable, "-m", "kvqual", "run", "a", "--suite", "s.jsonl"], cwd=tmp_path,
+                       env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4 and "exited with code 3" in r.stderr
