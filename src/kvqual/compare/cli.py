@@ -76,8 +76,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if tf:
                 await session._force(t, bm, base_dir, items, run, own_dir=base_dir, again=True)
         async with serving(cand_t, run.results_dir) as t:
+            # refuse a comparison of the wrong thing before spending server time on it
+            warnings = session.verify(bm, await session.as_reported(t, bm), args.allow_mismatch)
             cm = await run_target(t, suites, run, limit=run.limit, rerun=args.rerun)
-            warnings = session.verify(bm, cm, args.allow_mismatch)
             if tf:
                 await session._force(t, cm, base_dir, items, run, own_dir=Path(run.results_dir) / cm.run_id,
                                      again=False)

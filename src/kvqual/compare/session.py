@@ -77,6 +77,17 @@ def verify(base: RunManifest, cand: RunManifest, allow_mismatch: bool) -> list[s
     return warnings + [f"allowed mismatch: {p}" for p in problems]
 
 
+async def as_reported(target: Target, like: RunManifest) -> RunManifest:
+    """What `target` reports about itself, shaped as a manifest so `verify` can check it before a run."""
+    from dataclasses import replace
+
+    from kvqual import probe
+
+    info = await probe.describe(target.base_url, target.api_key())
+    model = target.model or (info["models"][0] if info["models"] else None)
+    return replace(like, target=target.name, model=model, kv_cache_dtype=target.kv_cache_dtype, server_info=info)
+
+
 def _norm(dtype: str) -> str:
     d = dtype.lower()
     return {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3"}.get(d, d)
