@@ -100,6 +100,15 @@ def test_small_sample_straddling_margin_is_inconclusive_with_n_more() -> None:
     assert acc.n_more is not None and acc.n_more > 0 and "accuracy[s]" in v.reason
 
 
+def test_no_flips_on_a_small_suite_still_asks_for_a_real_number_of_items() -> None:
+    # 30 items, no flips: Tango's 90% interval is about ±0.083, so -0.05 is not shown; the
+    # observed flip rate (0) must not promise "0 more items"
+    inputs = GateInputs(accuracy=(_accuracy(30, 0, 0),), **_ok_requests(30))
+    acc = _by_name(decide(GatePolicy(), inputs, RNG(0)))["accuracy[s]"]
+    assert acc.status == "inconclusive" and acc.ci_low < -0.05
+    assert 30 <= acc.n_more <= 200
+
+
 def test_kl_and_top1_beyond_floor_fail_at_e5m2_level() -> None:
     v = decide(GatePolicy(), GateInputs(tokens=_tokens(200, kl_shift=0.054, top1_shift=0.12)), RNG(0))
     c = _by_name(v)

@@ -240,7 +240,8 @@ def _standardized(diff: float, se: float) -> float:
 
 def _n_more(est: float, sd: float, n: int, bound: float, inside: bool, alpha: float, m: int) -> int | None:
     """Units to decide: pass side tested at alpha, fail side at Holm's worst alpha/m."""
-    return st.n_more_to_decide(est, sd, n, bound, alpha if inside else alpha / max(m, 1))
+    more = st.n_more_to_decide(est, sd, n, bound, alpha if inside else alpha / max(m, 1))
+    return None if more is None else max(1, more)  # asked only of undecided criteria: at least one more
 
 
 def _one_sided(name: str, suite: str | None, direction: Direction, bound: float, est: float,
@@ -299,6 +300,9 @@ def _accuracy(pairs: AccuracyPairs, policy: GatePolicy, m: int) -> Criterion:
     ci = st.tango_ci(counts, level=1 - 2 * policy.alpha)
     est = counts.difference
     sd = math.sqrt(max((counts.b + counts.c) / n - est**2, 0.0))
+    # no flips gives sd 0 and a promise of "0 more items"; the score interval's width is honest
+    z = float(stats.norm.ppf(1 - policy.alpha))
+    sd = max(sd, (ci.high - ci.low) / (2 * z) * math.sqrt(n))
     return Criterion("accuracy", pairs.suite, "inconclusive", "at_least", -delta, None, est, ci.low,
                      ci.high, ci.level, float(stats.norm.sf(zs)), float(stats.norm.cdf(zs)), None, n,
                      _n_more(est, sd, n, -delta, est > -delta, policy.alpha, m), detail)
