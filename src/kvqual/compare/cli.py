@@ -78,7 +78,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         async with serving(cand_t, run.results_dir) as t:
             # refuse a comparison of the wrong thing before spending server time on it
             warnings = session.verify(bm, await session.as_reported(t, bm), args.allow_mismatch)
-            cm = await run_target(t, suites, run, limit=run.limit, rerun=args.rerun)
+            # `compare bf16 bf16` is an A/A check: the candidate is a fresh, independent run (replicate 2)
+            # of a freshly started server, never the baseline's own answers
+            cm = await run_target(t, suites, run, limit=run.limit, rerun=args.rerun,
+                                  replicate=2 if args.candidate == args.baseline else 0)
             if tf:
                 await session._force(t, cm, base_dir, items, run, own_dir=Path(run.results_dir) / cm.run_id,
                                      again=False)
