@@ -106,3 +106,18 @@ def test_server_without_echo_stops_teacher_forcing(tmp_path, fake_server):
     setup(tmp_path, fake_server, ["--no-logprobs"], n=5)
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--top-logprobs", "0")
     assert r.returncode == 4 and "echo" in r.stderr
+
+
+def test_a_target_against_itself_is_a_real_aa_comparison(tmp_path, fake_server):
+    base, _ = setup(tmp_path, fake_server, [], n=30)
+    r = kvqual(tmp_path, "compare", "base", "base", "--suite", "s.jsonl", "--stream")
+    rep = report_of(tmp_path)
+    assert rep["runs"]["candidate"]["run_id"].endswith("-aa2") and rep["runs"]["aa"]["run_id"].endswith("-aa1")
+    assert rep["runs"]["candidate"]["run_id"] != rep["runs"]["baseline"]["run_id"]
+    # baseline, A/A replicate and candidate each asked every prompt once (plus teacher forcing)
+    prompt = items(1)[0]["prompt"]
+    assert base.stats()[prompt] >= 3
+    assert r.returncode == 3, r.stdout + r.stderr  # 30 items cannot show accuracy within ±5 points
+    # --stream measured time to first token on both arms (one-token answers: no inter-token gap)
+    assert rep["speed"]["baseline"]["ttft_p50"] > 0 and rep["speed"]["candidate"]["ttft_p50"] > 0
+    assert rep["speed"]["candidate"]["itl_p50"] is None
