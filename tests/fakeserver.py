@@ -12,6 +12,11 @@ Answers are deterministic functions of the prompt, so tests can predict them:
 - echo scoring (`echo: true, max_tokens: 0`) returns per-token logprobs; `--logprob-noise S`
   perturbs them by a seeded amount (a candidate whose token distributions drift);
 - GET /stats returns how many requests each prompt received; `--delay S` sleeps per request.
+- `stream: true` answers in Server-Sent Events, one chunk per token (`--token-delay S` apart),
+  with a usage chunk when `stream_options.include_usage`; `--stream-error` breaks the stream
+  with an error event after the first token.
+- `--metrics` serves vLLM-named Prometheus counters at GET /metrics (tokens, running requests,
+  a TTFT histogram) so server-side figures can be tested.
 """
 
 from __future__ import annotations
@@ -41,6 +46,66 @@ class Fake:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.counts: Counter[str] = Counter()
+        self.prompt_tokens = self.generation_tokens = self.running = 0
+        self.ttft_sum, self.ttft_count = 0.0, 0
+
+    def account(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += completion_tokens
+        self.ttft_sum += 0.01 + self.args.delay
+        self.ttft_count += 1
+
+    async def stream(self, request: web.Request, body: dict, choice: dict, prompt_tokens: int,
+                     chat: bool) -> web.StreamResponse:
+        """The same answer as Server-Sent Events, a chunk per token, as OpenAI/vLLM stream it."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        base = {"id": "cmpl-fake", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+                "model": body.get("model", "fake")}
+
+        async def send(obj: dict) -> None:
+            await response.write(f"data: {json.dumps(obj)}\n\n".encode())
+
+        if chat:
+            text = choice["message"]["content"]
+            content = (choice.get("logprobs") or {}).get("content")
+            tokens = tokenize(text)
+            await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}]})
+        else:
+            lp = choice.get("logprobs")
+            tokens = lp["tokens"] if lp else tokenize(choice["text"])
+        for i, tok in enumerate(tokens):
+            await asyncio.sleep(self.args.token_delay)
+            last = i == len(tokens) - 1
+            if chat:
+                part = {"index": 0, "delta": {"content": tok}, "finish_reason": choice["finish_reason"] if last else None,
+                        "logprobs": {"content": content[i:i + 1]} if content else None}
+            else:
+                part = {"index": 0, "text": tok, "finish_reason": choice["finish_reason"] if last else None,
+                        "logprobs": {k: v[i:i + 1] for k, v in lp.items()} if lp else None}
+            await send({**base, "choices": [part]})
+            if self.args.stream_error and i == 0:
+                await send({"error": {"message": "engine died mid-stream", "type": "fake", "code": 500}})
+                return response
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                         "completion_tokens": len(tokens),
+                                                         "total_tokens": prompt_tokens + len(tokens)}})
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.args.metrics:
+            return web.Response(status=404)
+        labels = '{model_name="%s"}' % self.args.model
+        lines = [f"vllm:prompt_tokens_total{labels} {self.prompt_tokens}",
+                 f"vllm:generation_tokens_total{labels} {self.generation_tokens}",
+                 f"vllm:num_requests_running{labels} {self.running}",
+                 f"vllm:kv_cache_usage_perc{labels} {min(1.0, 0.01 * self.running)}",
+                 f"vllm:time_to_first_token_seconds_sum{labels} {self.ttft_sum}",
+                 f"vllm:time_to_first_token_seconds_count{labels} {self.ttft_count}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def answer(self, prompt: str) -> str:
         m = re.search(r"\[\[answer=([^\]]*)\]\]", prompt)
@@ -116,6 +181,9 @@ class Fake:
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         if k and not self.args.no_logprobs:
             choice["logprobs"] = self.logprobs(prompt, tokens, k, first_null=False)
+        self.account(len(prompt_tokens), len(tokens))
+        if body.get("stream"):
+            return await self.stream(request, body, choice, len(prompt_tokens), chat=False)
         return _ok(body, [choice], len(prompt_tokens), len(tokens))
 
     async def chat(self, request: web.Request) -> web.Response:
@@ -136,6 +204,9 @@ class Fake:
                 {"token": t, "logprob": l, "bytes": list(t.encode()),
                  "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in top.items()][:k]}
                 for t, l, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]}
+        self.account(len(tokenize(prompt)), len(tokens))
+        if body.get("stream"):
+            return await self.stream(request, body, choice, len(tokenize(prompt)), chat=True)
         return _ok(body, [choice], len(tokenize(prompt)), len(tokens), chat=True)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -169,10 +240,22 @@ def _error(status: int, message: str, headers: dict | None = None) -> web.Respon
 
 def make_app(args: argparse.Namespace) -> web.Application:
     fake = Fake(args)
-    app = web.Application()
+
+    @web.middleware
+    async def running(request: web.Request, handler):
+        if request.method != "POST":
+            return await handler(request)
+        fake.running += 1
+        try:
+            return await handler(request)
+        finally:
+            fake.running -= 1
+
+    app = web.Application(middlewares=[running])
     app.add_routes([web.post("/v1/completions", fake.completions), web.post("/v1/chat/completions", fake.chat),
                     web.get("/v1/models", fake.models), web.get("/get_server_info", fake.server_info),
-                    web.get("/stats", fake.stats), web.get("/health", fake.health)])
+                    web.get("/stats", fake.stats), web.get("/health", fake.health),
+                    web.get("/metrics", fake.metrics)])
     return app
 
 
@@ -186,6 +269,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-logprobs", action="store_true")
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--kv-cache-dtype", default=None)
+    p.add_argument("--token-delay", type=float, default=0.0)
+    p.add_argument("--stream-error", action="store_true")
+    p.add_argument("--metrics", action="store_true")
     return p.parse_args(argv)
 
 

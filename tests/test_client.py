@@ -4,6 +4,7 @@ import httpx
 import openai
 import pytest
 
+from kvqual import client
 from kvqual.client import (backoff_delay, chat_payload, classify, completion_payload, echo_payload, parse_chat,
                            parse_completion, parse_echo, token_id_of)
 from kvqual.errors import ServerContractError
@@ -117,3 +118,61 @@ def test_backoff_grows_and_honours_retry_after():
     assert max(backoff_delay(6, rng) for _ in range(200)) > 5
     assert all(backoff_delay(10, rng) <= 30 for _ in range(50))
     assert backoff_delay(0, rng, retry_after=2.0) >= 2.0
+
+
+# ---------------------------------------------------------------- streams
+
+def _cmpl_chunk(text, tokens=None, finish=None, offsets=None):
+    lp = None if tokens is None else {"tokens": tokens, "token_logprobs": [-0.5] * len(tokens),
+                                      "top_logprobs": [{t: -0.5} for t in tokens], "text_offset": offsets}
+    return {"object": "text_completion", "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}
+
+
+def test_completion_stream_adds_up_to_the_plain_response():
+    chunks = [_cmpl_chunk(" a", [" a"], offsets=[5]), _cmpl_chunk(" b", [" b"], offsets=[7]),
+              _cmpl_chunk("", [], finish="length", offsets=[]),
+              {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}]
+    merged = client.merge_completion_stream(chunks)
+    answer = client.parse_completion(merged, want_logprobs=1)
+    assert (answer.text, answer.finish_reason, answer.prompt_tokens, answer.completion_tokens) == (" a b", "length", 3, 2)
+    assert answer.logprobs.tokens == (" a", " b") and answer.logprobs.text_offset == (5, 7)
+    assert answer.logprobs.top_logprobs == ({" a": -0.5}, {" b": -0.5})
+
+
+def test_completion_stream_without_usage_or_offsets():
+    merged = client.merge_completion_stream([_cmpl_chunk("x", ["x"]), _cmpl_chunk("y", ["y"], finish="stop")])
+    assert merged["usage"] is None and "text_offset" not in merged["choices"][0]["logprobs"]
+    answer = client.parse_completion(merged, want_logprobs=1)
+    assert answer.text == "xy" and answer.completion_tokens is None and answer.logprobs.text_offset is None
+
+
+def test_stream_that_drops_logprobs_is_a_contract_error():
+    merged = client.merge_completion_stream([_cmpl_chunk("x"), _cmpl_chunk("y", finish="stop")])
+    with pytest.raises(ServerContractError):
+        client.parse_completion(merged, want_logprobs=2)
+
+
+def test_chat_stream_adds_up_to_the_plain_response():
+    def piece(tok):
+        return {"token": tok, "logprob": -0.1, "bytes": list(tok.encode()), "top_logprobs": [{"token": tok, "logprob": -0.1}]}
+
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+              {"choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": [piece("Hi")]}}]},
+              {"choices": [{"index": 0, "delta": {"content": " you"}, "logprobs": {"content": [piece(" you")]},
+                            "finish_reason": "stop"}]},
+              {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}]
+    assert not client.chunk_has_content(chunks[0], chat=True) and client.chunk_has_content(chunks[1], chat=True)
+    answer = client.parse_chat(client.merge_chat_stream(chunks), want_logprobs=1)
+    assert (answer.text, answer.finish_reason, answer.completion_tokens) == ("Hi you", "stop", 2)
+    assert answer.logprobs.tokens == ("Hi", " you") and answer.logprobs.top_logprobs[1] == {" you": -0.1}
+
+
+def test_inter_token_latency_is_vllm_tpot():
+    assert client.inter_token_latency(0.5, 2.5, 5) == pytest.approx(0.5)  # 4 gaps over 2 s
+    assert client.inter_token_latency(0.5, 0.5, 1) is None  # one token: no gap to measure
+    assert client.inter_token_latency(None, 2.0, 5) is None
+
+
+def test_stream_payload_asks_for_usage():
+    assert client.stream_payload({"model": "m"}) == {"model": "m", "stream": True,
+                                                      "stream_options": {"include_usage": True}}

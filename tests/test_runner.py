@@ -146,3 +146,47 @@ def test_lmeval_suite_runs_through_the_runner(tmp_path, fake_server):
     samples = load_samples(tmp_path / m.run_id)
     assert len(samples) == 5 and all(k[0] == "lm-eval:kvqual_arith" for k in samples)
     assert all(s.ok and s.score == 0.0 for s in samples.values())  # the fake answers " ok ...": wrong
+
+
+def test_streamed_run_records_the_same_answers_plus_ttft_and_itl(tmp_path, fake_server):
+    server = fake_server("--token-delay", "0.02")
+    items = [{"id": f"q{i}", "prompt": f"Q{i} [[answer=a b c {i}]]", "answer": f"a b c {i}"} for i in range(4)]
+    items.append({"id": "c", "messages": [{"role": "user", "content": "say three words"}]})
+    plain = run(tmp_path / "plain", server, suite(tmp_path, items), top_logprobs=2)
+    streamed = run(tmp_path / "stream", server, suite(tmp_path, items), top_logprobs=2, stream=True)
+    a = load_samples(tmp_path / "plain" / "results" / plain.run_id)
+    b = load_samples(tmp_path / "stream" / "results" / streamed.run_id)
+    assert set(a) == set(b) and len(b) == 5
+    for key in a:
+        assert (b[key].text, b[key].finish_reason, b[key].completion_tokens, b[key].logprobs) == \
+               (a[key].text, a[key].finish_reason, a[key].completion_tokens, a[key].logprobs)
+        assert a[key].ttft_s is None and a[key].itl_s is None
+        # 4 tokens 20 ms apart: first token after ≥ 20 ms, the next three ≈ 20 ms each
+        assert 0.015 < b[key].ttft_s < b[key].latency_s
+        assert 0.015 < b[key].itl_s < 0.2
+    assert json.loads((tmp_path / "stream" / "results" / streamed.run_id / "manifest.json").read_text())[
+        "params"]["stream"] is True
+
+
+def test_an_error_mid_stream_is_a_failure_not_an_answer(tmp_path, fake_server):
+    server = fake_server("--stream-error")
+    items = [{"id": "q", "prompt": "Q [[answer=a b c]]", "answer": "a b c"}]
+    with pytest.raises(InfrastructureError):
+        run(tmp_path, server, suite(tmp_path, items), stream=True)
+    (run_dir,) = (tmp_path / "results").glob("t-*")
+    (sample,) = load_samples(run_dir).values()
+    assert sample.text is None and not sample.ok and "engine died mid-stream" in sample.error
+
+
+def test_server_side_figures_come_from_prometheus(tmp_path, fake_server):
+    server = fake_server("--metrics", "--delay", "0.5")
+    # 32 requests of 0.5 s, 4 at a time: 4 s, so the 2-s poll sees requests running
+    items = [{"id": f"q{i}", "prompt": f"Q{i} [[answer=a b {i}]]"} for i in range(32)]
+    m = run(tmp_path, server, suite(tmp_path, items), concurrency=4)
+    sm = m.server_metrics
+    assert sm["source"] == "vllm" and sm["scrapes"] >= 2
+    assert sm["generation_tokens"] == 32 * 3 and sm["prompt_tokens"] == 32 * 4  # "Q0", " [[answer=a", " b", " 0]]"
+    assert sm["gen_tok_s"] > 0 and 1 <= sm["running_peak"] <= 4
+    assert sm["ttft_mean_s"] == pytest.approx(0.51) and sm["kv_usage_peak"] == pytest.approx(0.01 * sm["running_peak"])
+    on_disk = json.loads((tmp_path / "results" / m.run_id / "manifest.json").read_text())
+    assert on_disk["server_metrics"] == sm

@@ -38,6 +38,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, help="default 0 (greedy)")
     p.add_argument("--timeout", type=float, help="seconds per request (default 600)")
     p.add_argument("--retries", type=int, help="retries for transient failures (default 5)")
+    p.add_argument("--stream", action="store_true", default=None,
+                   help="stream responses to measure time to first token and inter-token latency")
     p.add_argument("--config", help="config file (default ./kvqual.toml, else the built-in targets)")
     p.add_argument("--out", help="results folder (default results/)")
     p.add_argument("--include-path", help="folder of extra lm-eval task YAMLs")
@@ -50,6 +52,7 @@ def _overrides(args: argparse.Namespace) -> dict:
         "max_tokens": args.max_tokens, "top_logprobs": args.top_logprobs, "seed": args.seed,
         "temperature": args.temperature, "timeout": args.timeout, "retries": args.retries,
         "repeats": getattr(args, "repeats", None), "results_dir": args.out,
+        "stream": args.stream,
     }
 
 

@@ -55,6 +55,11 @@ def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int =
     return body
 
 
+def stream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The same request, streamed, with the usage chunk at the end (OpenAI/vLLM/SGLang)."""
+    return {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+
 def echo_payload(prompt: str | list[int], model: str, top_logprobs: int) -> dict[str, Any]:
     """Teacher forcing: score `prompt` (text or token ids) with echo and no new tokens."""
     return {
@@ -174,6 +179,81 @@ def parse_echo(data: Mapping[str, Any], server: str = "server") -> TokenLogprobs
     return lp
 
 
+# ---------------------------------------------------------------- streams (pure)
+
+def _usage_of(chunks: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    return next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
+
+
+def _choice0(chunk: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    choices = chunk.get("choices") or []
+    return next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+
+
+def merge_completion_stream(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Streamed /v1/completions chunks → the non-streamed response body they add up to."""
+    text: list[str] = []
+    lp: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    has_lp, has_offsets, finish = False, True, None
+    for chunk in chunks:
+        choice = _choice0(chunk)
+        if choice is None:
+            continue
+        text.append(choice.get("text") or "")
+        finish = choice.get("finish_reason") or finish
+        part = choice.get("logprobs")
+        if part and part.get("tokens") is not None:
+            has_lp = True
+            lp["tokens"] += part["tokens"]
+            lp["token_logprobs"] += part.get("token_logprobs") or []
+            lp["top_logprobs"] += part.get("top_logprobs") or [None] * len(part["tokens"])
+            if part.get("text_offset") is None:
+                has_offsets = False
+            else:
+                lp["text_offset"] += part["text_offset"]
+    if not has_offsets:
+        lp.pop("text_offset")
+    choice_out = {"index": 0, "text": "".join(text), "finish_reason": finish, "logprobs": lp if has_lp else None}
+    return {"choices": [choice_out], "usage": _usage_of(chunks)}
+
+
+def merge_chat_stream(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Streamed chat.completion.chunk events → the non-streamed response body they add up to."""
+    text: list[str] = []
+    content: list[Any] = []
+    has_lp, finish = False, None
+    for chunk in chunks:
+        choice = _choice0(chunk)
+        if choice is None:
+            continue
+        text.append((choice.get("delta") or {}).get("content") or "")
+        finish = choice.get("finish_reason") or finish
+        part = (choice.get("logprobs") or {}).get("content")
+        if part is not None:
+            has_lp = True
+            content += part
+    message = {"role": "assistant", "content": "".join(text)}
+    return {"choices": [{"index": 0, "message": message, "finish_reason": finish,
+                         "logprobs": {"content": content} if has_lp else None}], "usage": _usage_of(chunks)}
+
+
+def chunk_has_content(chunk: Mapping[str, Any], chat: bool) -> bool:
+    """Does this chunk carry generated tokens (text or logprobs)? The first one marks TTFT."""
+    choice = _choice0(chunk)
+    if choice is None:
+        return False
+    if chat:
+        return bool((choice.get("delta") or {}).get("content") or (choice.get("logprobs") or {}).get("content"))
+    return bool(choice.get("text") or (choice.get("logprobs") or {}).get("tokens"))
+
+
+def inter_token_latency(ttft: float | None, last: float | None, n_tokens: int | None) -> float | None:
+    """Mean time between output tokens after the first (vLLM's TPOT): (last − first) / (n − 1)."""
+    if ttft is None or last is None or not n_tokens or n_tokens < 2:
+        return None
+    return max(0.0, last - ttft) / (n_tokens - 1)
+
+
 # ---------------------------------------------------------------- errors & retries
 
 @dataclass(frozen=True)
@@ -240,6 +320,22 @@ class Transport:
         """POST `body` to `path` under the /v1 root; the parsed JSON, or an openai error."""
         response = await self._client.post(path, body=body, cast_to=httpx.Response)
         return response.json()
+
+    async def post_stream(self, path: str, body: Mapping[str, Any], chat: bool) -> tuple[list[dict[str, Any]], float | None, float | None]:
+        """POST a streamed request; (chunks, seconds to the first token, seconds to the last token)."""
+        t0 = time.perf_counter()
+        first = last = None
+        chunks: list[dict[str, Any]] = []
+        stream = await self._client.post(path, body=stream_payload(body), cast_to=object, stream=True,
+                                         stream_cls=openai.AsyncStream[object])
+        async for chunk in stream:
+            if not isinstance(chunk, dict):
+                raise ValueError(f"stream chunk is not a JSON object: {str(chunk)[:100]}")
+            if chunk_has_content(chunk, chat):
+                last = time.perf_counter() - t0
+                first = last if first is None else first
+            chunks.append(chunk)
+        return chunks, first, last
 
     async def get_json(self, path: str) -> Any:
         response = await self._client.get(path, cast_to=httpx.Response)

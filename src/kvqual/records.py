@@ -132,6 +132,7 @@ class Sample:
     logprobs: TokenLogprobs | None = None
     score: float | None = None  # filled where the scorer is known at run time (lm-eval)
     ttft_s: float | None = None  # time to first token, streamed runs only
+    itl_s: float | None = None  # mean time between later tokens ((last − first) / (n − 1)), streamed only
     base_url: str | None = None  # the replica that answered
     context_id: str | None = None  # items sharing a context form a cluster for error bars
 
@@ -208,6 +209,7 @@ class RunManifest:
     finished_at: float | None
     counts: Mapping[str, int]
     server_info: Mapping[str, Any] = field(default_factory=dict)
+    server_metrics: Mapping[str, Any] | None = None  # Prometheus figures during the last session (telemetry.py)
     kvqual_version: str = ""
     git_revision: str | None = None
     packages: Mapping[str, str] = field(default_factory=dict)

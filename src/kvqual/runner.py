@@ -18,12 +18,14 @@ from typing import Any, Iterator
 
 from kvqual import __version__
 from kvqual.client import (Answer, Transport, backoff_delay, chat_payload, classify, completion_payload,
-                           parse_chat, parse_completion)
+                           inter_token_latency, merge_chat_stream, merge_completion_stream, parse_chat,
+                           parse_completion)
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
 from kvqual.store import RunStore, run_key
 from kvqual.suites import LoadedSuite
+from kvqual.telemetry import Scraper
 
 Unit = tuple[Item, int]
 
@@ -103,9 +105,17 @@ async def request_one(transport: Transport, item: Item, repeat: int, params: Gen
         attempts += 1
         started = time.time()
         t0 = time.perf_counter()
+        ttft = itl = None
         try:
-            data = await transport.post_json(path, body)
+            if params.stream:
+                chunks, ttft, last = await transport.post_stream(path, body, chat=item.api == "chat")
+                data = merge_chat_stream(chunks) if item.api == "chat" else merge_completion_stream(chunks)
+            else:
+                data = await transport.post_json(path, body)
             answer: Answer = parse(data, params.top_logprobs, transport.base_url)
+            if params.stream:
+                n = answer.completion_tokens or (len(answer.logprobs.tokens) if answer.logprobs else None)
+                itl = inter_token_latency(ttft, last, n)
         except ServerContractError:
             raise
         except Exception as exc:  # noqa: BLE001 - classified below; never swallowed silently
@@ -122,6 +132,7 @@ async def request_one(transport: Transport, item: Item, repeat: int, params: Gen
             completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
             latency_s=time.perf_counter() - t0, started_at=started, attempts=attempts, logprobs=answer.logprobs,
             score=_score(item, answer.text), base_url=transport.base_url, context_id=item.context_id,
+            ttft_s=ttft, itl_s=itl,
         )
 
 
@@ -211,6 +222,8 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
             bar.update()
 
     status = "incomplete"
+    scraper = Scraper(plan.target.base_urls, plan.target.api_key())
+    await scraper.start()
     try:
         for suite in plan.suites:
             names = {f"lm-eval:{t}" for t in suite.lmeval_tasks}
@@ -224,6 +237,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         status = "complete"
     finally:
         bar.close()
+        server_metrics = await scraper.stop()
         for t in transports:
             await t.aclose()
         counts = {**store.manifest.counts, "units": total, "ok": len(store.done), "failed": total - len(store.done),
@@ -231,7 +245,9 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         failed_rate = (total - len(store.done)) / total if total else 0.0
         if status == "complete" and failed_rate > 0:
             status = "incomplete"  # failed units are retried by the next run of the same command
-        store.manifest = replace(store.manifest, status=status, finished_at=time.time(), counts=counts)
+        store.manifest = replace(store.manifest, status=status, finished_at=time.time(), counts=counts,
+                                 server_metrics=(server_metrics if units and server_metrics
+                                                 else store.manifest.server_metrics))
         store.write_manifest()
         store.close()
     if failed_rate > run.max_failed_rate:

@@ -212,18 +212,27 @@ def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int 
     return [r[3] for r in rows[:limit]]
 
 
-def speed(samples: Mapping[Key, Sample], concurrency: int) -> dict[str, Any] | None:
+def _pct(values: list[float], q: float) -> float | None:
+    return _r(float(np.percentile(values, q)), 4) if values else None
+
+
+def speed(samples: Mapping[Key, Sample], concurrency: int,
+          server: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Client-side throughput and latency of one arm (TTFT/ITL when streamed), plus what the
+    server's own /metrics counted during the run (`server`, from the manifest) when it has any."""
     ok = [s for s in samples.values() if s.ok and s.latency_s and s.started_at]
     if not ok:
         return None
     start = min(s.started_at for s in ok)
     end = max(s.started_at + s.latency_s for s in ok)
     wall = max(end - start, 1e-9)
-    lat = np.array([s.latency_s for s in ok])
+    lat = [s.latency_s for s in ok]
     ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    itl = [s.itl_s for s in ok if s.itl_s is not None]
     return {"output_tok_s": _r(sum(s.completion_tokens or 0 for s in ok) / wall, 2), "req_s": _r(len(ok) / wall, 3),
-            "latency_p50": _r(float(np.percentile(lat, 50)), 4), "latency_p95": _r(float(np.percentile(lat, 95)), 4),
-            "concurrency": concurrency, "ttft_p50": _r(float(np.median(ttft)), 4) if ttft else None}
+            "latency_p50": _pct(lat, 50), "latency_p95": _pct(lat, 95), "concurrency": concurrency,
+            "ttft_p50": _pct(ttft, 50), "ttft_p95": _pct(ttft, 95), "itl_p50": _pct(itl, 50), "itl_p95": _pct(itl, 95),
+            "server": dict(server) if server else None}
 
 
 def throughput_pairs(base: Mapping[Key, Sample], cand: Mapping[Key, Sample]) -> tuple[np.ndarray, np.ndarray]:

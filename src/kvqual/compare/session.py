@@ -130,7 +130,8 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
         inputs = replace(inputs, base_throughput=tb, cand_throughput=tc)
     verdict = decide(policy, inputs, np.random.default_rng(seed))
     speed = None
-    sb, sc = mx.speed(base_s, bm.concurrency), mx.speed(cand_s, cm.concurrency)
+    sb = mx.speed(base_s, bm.concurrency, bm.server_metrics)
+    sc = mx.speed(cand_s, cm.concurrency, cm.server_metrics)
     if sb and sc:
         ratio = {"estimate": None, "ci_low": None, "ci_high": None}
         if tb.size >= 2 and tb.sum() > 0:

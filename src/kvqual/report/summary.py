@@ -326,11 +326,28 @@ def speed_rows(report: Mapping[str, Any]) -> list[ArmRow]:
         ("latency_p50", "latency p50 (s)"),
         ("latency_p95", "latency p95 (s)"),
         ("ttft_p50", "time to first token p50 (s)"),
+        ("ttft_p95", "time to first token p95 (s)"),
+        ("itl_p50", "inter-token latency p50 (s)"),
+        ("itl_p95", "inter-token latency p95 (s)"),
         ("concurrency", "concurrency"),
+    )
+    server_fields = (
+        ("gen_tok_s", "server: generated tokens/s"),
+        ("kv_usage_peak", "server: KV cache usage peak"),
+        ("kv_usage_mean", "server: KV cache usage mean"),
+        ("running_peak", "server: running requests peak"),
+        ("ttft_mean_s", "server: time to first token mean (s)"),
+        ("itl_mean_s", "server: inter-token latency mean (s)"),
     )
     rows = [
         ArmRow(label, fmt_num(get(speed, "baseline", k)), fmt_num(get(speed, "candidate", k)), "")
         for k, label in fields
+        if get(speed, "baseline", k) is not None or get(speed, "candidate", k) is not None
+    ]
+    rows += [
+        ArmRow(label, fmt_num(get(speed, "baseline", "server", k)), fmt_num(get(speed, "candidate", "server", k)), "")
+        for k, label in server_fields
+        if get(speed, "baseline", "server", k) is not None or get(speed, "candidate", "server", k) is not None
     ]
     ratio = speed.get("ratio") or {}
     ci = fmt_interval([ratio.get("ci_low"), ratio.get("ci_high")])
