@@ -93,6 +93,14 @@ def test_builtin_targets_when_no_file(tmp_path, monkeypatch):
     assert "--kv-cache-dtype fp8_e4m3" in builtin_targets()["fp8"].launch
 
 
+def test_builtin_identity_does_not_depend_on_the_interpreter_path(monkeypatch):
+    before = builtin_targets()["bf16"]
+    monkeypatch.setattr("sys.executable", "/elsewhere/venv/bin/python")
+    after = builtin_targets()["bf16"]
+    assert after.launch != before.launch and after.identity() == before.identity()
+    assert after.with_port(31234).identity() == before.identity()
+
+
 def test_overrides_validate(tmp_path):
     cfg = load_config(write(tmp_path, GOOD))
     run = Overrides({"concurrency": 3, "limit": None}).apply(cfg.run)

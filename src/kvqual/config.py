@@ -242,6 +242,10 @@ def builtin_targets() -> dict[str, Target]:
             base_urls=("http://127.0.0.1:{port}/v1",),
             launch=f"{py} -m kvqual serve --kv-cache-dtype {dtype} --port {{port}}",
             kv_cache_dtype=dtype,
+            # the interpreter's path is not part of what was run: `kvqual` and `python -m kvqual`
+            # (or another checkout's venv) must find the same finished runs
+            pinned_identity={"name": name, "builtin": f"kvqual serve --kv-cache-dtype {dtype}",
+                             "kv_cache_dtype": dtype},
         )
     return targets
 
