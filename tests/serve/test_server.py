@@ -50,6 +50,15 @@ def test_metrics_count_tokens(bf16_url):
     assert after[0] - before[0] == r.usage.completion_tokens
     assert (after[1] - before[1], after[2] - before[2]) == (4, 1)
     assert "kvqual_serve:kv_cache_bytes_in_use{" in httpx.get(bf16_url + "/metrics").text
+    assert value("token_usage") == 0.0  # idle: no running request holds KV
+    # kvqual's own scraper reads these names (telemetry.FAMILIES)
+    from kvqual.probe import parse_prometheus
+    from kvqual.telemetry import snapshot, source_of
+
+    parsed = parse_prometheus(httpx.get(bf16_url + "/metrics").text)
+    snap = snapshot(parsed)
+    assert source_of(parsed) == "kvqual_serve" and snap["generation_tokens"] == after[0]
+    assert {"prompt_tokens", "kv_usage", "running"} <= set(snap)
 
 
 def test_echo_scoring_shape(bf16_url):

@@ -1,7 +1,8 @@
 """The HTTP layer: FastAPI routes over one Engine (OpenAI, vLLM /tokenize, SGLang-style info).
 
 HTTP runs in asyncio; generation runs on the engine's worker thread, whose callbacks
-resolve asyncio futures. Bad requests get OpenAI-style error bodies and never stop the server.
+resolve asyncio futures (or, for `"stream": true`, feed a queue: see stream.py). Bad
+requests get OpenAI-style error bodies and never stop the server.
 """
 
 from __future__ import annotations
@@ -9,16 +10,19 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from kvqual.serve.engine import Engine, Generation, SamplingParams
 from kvqual.serve.kvcache import KvCacheDtype, KvScale
 from kvqual.serve.model import LoadedModel
 from kvqual.serve.protocol import (
     ApiError,
+    ChatRequest,
+    CompletionRequest,
+    StreamChunker,
     chat_response,
     check_model,
     completion_response,
@@ -26,6 +30,7 @@ from kvqual.serve.protocol import (
     parse_completion,
     parse_messages,
 )
+from kvqual.serve.stream import sse_stream
 
 VERSION = "0.1.0"
 
@@ -65,6 +70,10 @@ class ServerState:
         """Token ids of a rendered chat prompt (special tokens are already in the text)."""
         return list(self.loaded.tokenizer(rendered, add_special_tokens=False).input_ids)
 
+    def decode_output(self, ids: Sequence[int]) -> str:
+        """Generated text of these token ids, decoded as the engine decodes it."""
+        return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)
+
     def check_length(self, ids: list[int], max_tokens: int) -> None:
         """Refuse prompts that do not fit the context (OpenAI's context_length_exceeded)."""
         limit = self.config.context_length
@@ -99,6 +108,11 @@ class ServerState:
 
         self.engine.submit(ids, params, deliver)
         return await future
+
+    def stream(self, req: CompletionRequest | ChatRequest, ids: list[int], params: SamplingParams) -> StreamingResponse:
+        """Stream one prompt's tokens as Server-Sent Events while they are generated."""
+        chunker = StreamChunker(req, self.model_name, self.pieces, self.decode_output)
+        return StreamingResponse(sse_stream(self.engine, ids, params, chunker), media_type="text/event-stream")
 
 
 async def _json_body(request: Request) -> Any:
@@ -185,8 +199,8 @@ def create_app(state: ServerState) -> FastAPI:
             "prompt": rendered,
         }
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> dict[str, Any]:
+    @app.post("/v1/completions", response_model=dict[str, Any])
+    async def completions(request: Request) -> dict[str, Any] | StreamingResponse:
         req = parse_completion(await _json_body(request), state.model_name)
         encoded, texts = [], []
         for prompt in req.prompts:
@@ -194,11 +208,13 @@ def create_app(state: ServerState) -> FastAPI:
             state.check_length(ids, req.params.max_tokens)
             encoded.append(ids)
             texts.append(prompt if isinstance(prompt, str) else state.loaded.tokenizer.decode(ids))
+        if req.stream:
+            return state.stream(req, encoded[0], req.params)
         results = await asyncio.gather(*(state.generate(ids, req.params) for ids in encoded))
         return completion_response(req, texts, results, state.model_name, state.pieces)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict[str, Any]:
+    @app.post("/v1/chat/completions", response_model=dict[str, Any])
+    async def chat(request: Request) -> dict[str, Any] | StreamingResponse:
         body = await _json_body(request)
         default = state.config.context_length
         req = parse_chat(body, state.model_name, default)
@@ -207,6 +223,8 @@ def create_app(state: ServerState) -> FastAPI:
         if not isinstance(body.get("max_tokens"), int) and not isinstance(body.get("max_completion_tokens"), int):
             params = SamplingParams(**{**params.__dict__, "max_tokens": max(1, default - len(ids))})
         state.check_length(ids, params.max_tokens)
+        if req.stream:
+            return state.stream(req, ids, params)
         result = await state.generate(ids, params)
         return chat_response(req, result, state.model_name, state.pieces)
 
@@ -227,6 +245,8 @@ def prometheus_text(state: ServerState) -> str:
         ("num_queued_reqs", "gauge", "Requests waiting for admission", s.num_queued_reqs),
         ("kv_cache_bytes_in_use", "gauge", "Bytes of stored K/V (padding included)", s.kv_cache_bytes_in_use),
         ("max_total_num_tokens", "gauge", "KV capacity in tokens", cfg.kv_capacity_tokens),
+        ("token_usage", "gauge", "Share of the KV capacity held by running requests (SGLang's token_usage)",
+         round(s.kv_tokens_in_use / cfg.kv_capacity_tokens, 6) if cfg.kv_capacity_tokens else 0.0),
         ("gen_throughput", "gauge", "Generated tokens/s over the last 10 s", round(s.gen_throughput(), 3)),
     ]
     lines = []

@@ -11,6 +11,7 @@ float32 reduction order (measured in docs/serve.md).
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 import time
@@ -24,6 +25,8 @@ from kvqual.serve.model import LoadedModel
 from kvqual.serve.sampling import TokenLogprob, choose_token, make_generator, token_logprobs
 
 LOGIT_CHUNK = 256  # positions per lm_head call when scoring a whole prompt
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class Generation:
 
 
 Callback = Callable[[Generation | BaseException], None]
+# Called on the engine thread for every token as it is generated: (token id, its logprobs
+# when asked for, the finish reason when this token ends the request).
+TokenHook = Callable[[int, TokenLogprob | None, Literal["stop", "length"] | None], None]
 
 
 @dataclass
@@ -68,6 +74,7 @@ class _Row:
     cached: int = 0  # tokens whose K/V are in the cache
     text: str = ""
     finish_reason: Literal["stop", "length"] | None = None
+    on_token: TokenHook | None = None
 
 
 @dataclass
@@ -80,6 +87,7 @@ class EngineStats:
     num_running_reqs: int = 0
     num_queued_reqs: int = 0
     kv_cache_bytes_in_use: int = 0
+    kv_tokens_in_use: int = 0  # tokens whose K/V running requests hold (padding not counted)
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
 
     def gen_throughput(self, horizon_s: float = 10.0) -> float:
@@ -133,9 +141,16 @@ class Engine:
         self._inbox.put(None)
         self._thread.join(timeout=30)
 
-    def submit(self, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams, callback: Callback) -> None:
-        """Queue one prompt; `callback` runs on the engine thread with a Generation or an exception."""
-        row = _Row(tuple(prompt_ids), params, callback, make_generator(params.seed))
+    def submit(
+        self,
+        prompt_ids: list[int] | tuple[int, ...],
+        params: SamplingParams,
+        callback: Callback,
+        on_token: TokenHook | None = None,
+    ) -> None:
+        """Queue one prompt; `callback` runs on the engine thread with a Generation or an exception,
+        and `on_token` (if given) there too after each generated token, before `callback`."""
+        row = _Row(tuple(prompt_ids), params, callback, make_generator(params.seed), on_token=on_token)
         self._inbox.put(row)
 
     # ---- worker thread ---------------------------------------------------------------
@@ -251,6 +266,13 @@ class Engine:
             logp = logits.log_softmax(-1)
             row.output_logprobs.extend(token_logprobs(logp, torch.tensor([token]), params.logprobs))
         self.stats.generation_tokens_total += 1
+        self._check_end(row, token)
+        if row.on_token is not None:
+            self._notify(row, token)
+
+    def _check_end(self, row: _Row, token: int) -> None:
+        """Set the finish reason and final text if `token` ends the request (stop string, EOS, length)."""
+        params = row.params
         tokenizer = self.loaded.tokenizer
         if params.stop:
             text = tokenizer.decode(row.output_ids, skip_special_tokens=True)
@@ -264,6 +286,16 @@ class Engine:
             row.finish_reason = "length"
         if row.finish_reason is not None:
             row.text = tokenizer.decode(row.output_ids, skip_special_tokens=True)
+
+    def _notify(self, row: _Row, token: int) -> None:
+        """Call the row's token hook; one that fails is dropped (its request still runs to the end)."""
+        assert row.on_token is not None
+        entry = row.output_logprobs[-1] if row.params.logprobs is not None else None
+        try:
+            row.on_token(token, entry, row.finish_reason)
+        except Exception:
+            log.exception("token hook failed; dropping it")
+            row.on_token = None
 
     def _decode_step(self) -> None:
         """Feed every running row its last token, pick the next, and retire finished rows."""
@@ -309,3 +341,4 @@ class Engine:
         self.stats.num_running_reqs = len(self._rows)
         self.stats.num_queued_reqs = len(self._pending) + self._inbox.qsize()
         self.stats.kv_cache_bytes_in_use = self._cache.nbytes() if self._cache is not None else 0
+        self.stats.kv_tokens_in_use = sum(r.cached for r in self._rows)

@@ -2,15 +2,17 @@
 
 Requests are checked here and turned into frozen values; anything malformed raises
 `ApiError`, which the HTTP layer returns as an OpenAI-style error body. Responses are
-plain dicts in OpenAI's exact shapes so that the `openai` client parses them.
+plain dicts in OpenAI's exact shapes so that the `openai` client parses them; streamed
+responses are the same shapes cut into chunks by `StreamChunker` (Server-Sent Events).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kvqual.serve.engine import Generation, SamplingParams
 from kvqual.serve.sampling import TokenLogprob
@@ -37,6 +39,8 @@ class CompletionRequest:
     prompts: tuple[str | tuple[int, ...], ...]
     params: SamplingParams
     as_token_ids: bool
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class ChatRequest:
     params: SamplingParams
     top_logprobs: int | None
     as_token_ids: bool
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any = None) -> Any:
@@ -76,6 +82,20 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return tuple(stop)
     raise ApiError("'stop' must be a string or a list of strings", param="stop")
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage): `stream` a bool; `stream_options` an object, allowed only when streaming."""
+    stream = _get(body, "stream", (bool,), False)
+    options = _get(body, "stream_options", (dict,))
+    if options is None:
+        return stream, False
+    if not stream:
+        raise ApiError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise ApiError("'stream_options.include_usage' must be of type bool", param="stream_options")
+    return stream, bool(include_usage)
 
 
 def _common_params(body: dict[str, Any], max_tokens: int, logprobs: int | None, echo: bool) -> SamplingParams:
@@ -132,7 +152,14 @@ def parse_completion(body: Any, served_model: str) -> CompletionRequest:
     if max_tokens == 0 and not echo:
         raise ApiError("'max_tokens' must be >= 1 unless 'echo' is true", param="max_tokens")
     params = _common_params(body, max_tokens, _get(body, "logprobs", (int,)), echo)
-    return CompletionRequest(_prompts(body["prompt"]), params, bool(_get(body, "return_tokens_as_token_ids", (bool,), False)))
+    prompts = _prompts(body["prompt"])
+    stream, include_usage = _stream_flags(body)
+    if stream and echo:
+        raise ApiError("'echo' is not supported with 'stream'", param="echo")
+    if stream and len(prompts) > 1:
+        raise ApiError("'stream' takes a single prompt", param="prompt")
+    as_ids = bool(_get(body, "return_tokens_as_token_ids", (bool,), False))
+    return CompletionRequest(prompts, params, as_ids, stream, include_usage)
 
 
 def parse_messages(value: Any) -> tuple[dict[str, str], ...]:
@@ -167,7 +194,8 @@ def parse_chat(body: Any, served_model: str, default_max_tokens: int) -> ChatReq
         raise ApiError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
     params = _common_params(body, max_tokens, (top or 0) if want else None, False)
     as_ids = bool(_get(body, "return_tokens_as_token_ids", (bool,), False))
-    return ChatRequest(messages, params, top, as_ids)
+    stream, include_usage = _stream_flags(body)
+    return ChatRequest(messages, params, top, as_ids, stream, include_usage)
 
 
 class TokenText:
@@ -232,17 +260,22 @@ def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
+def chat_logprobs(entries: Sequence[TokenLogprob], token_ids: Sequence[int], name: TokenText) -> dict[str, Any]:
+    """The chat logprobs block: one {token, logprob, bytes, top_logprobs} per token."""
+    content = []
+    for token_id, entry in zip(token_ids, entries):
+        item = _chat_entry(name(token_id), entry.logprob)
+        item["top_logprobs"] = [_chat_entry(name(t), lp) for t, lp in entry.top]
+        content.append(item)
+    return {"content": content}
+
+
 def chat_response(req: ChatRequest, res: Generation, model: str, pieces: Sequence[str]) -> dict[str, Any]:
     """The /v1/chat/completions response."""
     name = TokenText(pieces, req.as_token_ids)
     logprobs = None
     if req.params.logprobs is not None:
-        content = []
-        for token_id, entry in zip(res.output_ids, res.output_logprobs or ()):
-            item = _chat_entry(name(token_id), entry.logprob)
-            item["top_logprobs"] = [_chat_entry(name(t), lp) for t, lp in entry.top]
-            content.append(item)
-        logprobs = {"content": content}
+        logprobs = chat_logprobs(res.output_logprobs or (), res.output_ids, name)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -258,3 +291,134 @@ def chat_response(req: ChatRequest, res: Generation, model: str, pieces: Sequenc
         ],
         "usage": _usage([res]),
     }
+
+
+# ---- streaming: Server-Sent Events ------------------------------------------------------
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_event(payload: dict[str, Any]) -> str:
+    """One Server-Sent Event carrying a JSON payload."""
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def stream_error(message: str) -> dict[str, Any]:
+    """The event sent when a stream fails after it started; the stream then ends without [DONE]."""
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+
+
+def releasable_text(text: str, stops: Sequence[str]) -> str:
+    """The part of the text so far that later tokens cannot change: cut at the first stop string,
+    else without a trailing incomplete UTF-8 character (U+FFFD) or a tail that may begin a stop string."""
+    hits = [text.find(s) for s in stops if s and s in text]
+    if hits:
+        return text[: min(hits)]
+    text = text.rstrip("\ufffd")
+    hold = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:n]):
+                hold = n
+                break
+    return text[: len(text) - hold]
+
+
+class DeltaText:
+    """A generation's text released in deltas as tokens arrive; the deltas add up to the final text.
+
+    Decodes all tokens so far each time (as the engine does for stop strings), so a delta is
+    always a prefix-stable piece of what the non-streamed response says.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str]):
+        self._decode, self._stops = decode, tuple(s for s in stops if s)
+        self._ids: list[int] = []
+        self.sent = ""
+
+    def push(self, token_id: int) -> str:
+        """Add a token; the newly releasable text (often "" while a stop string may be forming)."""
+        self._ids.append(token_id)
+        safe = releasable_text(self._decode(self._ids), self._stops)
+        if len(safe) <= len(self.sent) or not safe.startswith(self.sent):
+            return ""
+        delta, self.sent = safe[len(self.sent) :], safe
+        return delta
+
+    def finish(self, final_text: str) -> str:
+        """The rest of the engine's final text (authoritative: it applied the stop strings)."""
+        if not final_text.startswith(self.sent):
+            raise ValueError("streamed text is not a prefix of the final text")
+        delta, self.sent = final_text[len(self.sent) :], final_text
+        return delta
+
+
+class StreamChunker:
+    """One request's engine events → OpenAI stream chunks (completions or chat), as plain dicts.
+
+    With logprobs, every token gets its own chunk carrying its logprobs (held-back text comes
+    later); without, tokens that release no text fold into the next chunk. The last content
+    chunk carries the rest of the text and the finish reason, then comes the usage chunk if
+    asked. Concatenated, the chunks give the non-streamed response's text and logprobs.
+    """
+
+    def __init__(
+        self,
+        req: CompletionRequest | ChatRequest,
+        model: str,
+        pieces: Sequence[str],
+        decode: Callable[[Sequence[int]], str],
+    ):
+        self.chat = isinstance(req, ChatRequest)
+        self.want_logprobs = req.params.logprobs is not None
+        self.include_usage = req.include_usage
+        self.name = TokenText(pieces, req.as_token_ids)
+        self.text = DeltaText(decode, req.params.stop)
+        kind, prefix = ("chat.completion.chunk", "chatcmpl") if self.chat else ("text_completion", "cmpl")
+        self.base = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+        self._ids: list[int] = []  # tokens not yet sent in a chunk
+        self._entries: list[TokenLogprob] = []
+        self._offset = 0  # text_offset of the next token (completions)
+
+    def start(self) -> list[dict[str, Any]]:
+        """Chunks sent before the first token: chat's role chunk."""
+        if not self.chat:
+            return []
+        return [self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})]
+
+    def token(self, token_id: int, entry: TokenLogprob | None, finish_reason: str | None) -> list[dict[str, Any]]:
+        """Chunks for one generated token (none while waiting for the end of the request)."""
+        self._ids.append(token_id)
+        if entry is not None:
+            self._entries.append(entry)
+        if finish_reason is not None:
+            return []  # its text and finish reason go out with `done`
+        delta = self.text.push(token_id)
+        if not delta and not self.want_logprobs:
+            return []
+        return [self._content(delta, None)]
+
+    def done(self, result: Generation) -> list[dict[str, Any]]:
+        """The last content chunk (rest of the text, finish reason), then usage if asked."""
+        chunks = [self._content(self.text.finish(result.text), result.finish_reason)]
+        if self.include_usage:
+            chunks.append({**self.base, "choices": [], "usage": _usage([result])})
+        return chunks
+
+    def _content(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        logprobs = None
+        if self.want_logprobs and self.chat:
+            logprobs = chat_logprobs(self._entries, self._ids, self.name)
+        elif self.want_logprobs:
+            logprobs = completion_logprobs(self._entries, self._ids, self.name, self._offset)
+            self._offset += sum(len(self.name.pieces[t]) for t in self._ids)
+        self._ids, self._entries = [], []
+        body = {"delta": {"content": text}} if self.chat else {"text": text}
+        return self._chunk({"index": 0, **body, "logprobs": logprobs, "finish_reason": finish_reason})
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        chunk = {**self.base, "choices": [choice]}
+        if self.include_usage:
+            chunk["usage"] = None  # as OpenAI: every other chunk says usage null when usage is asked
+        return chunk
