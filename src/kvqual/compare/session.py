@@ -176,14 +176,18 @@ def console_summary(report: dict[str, Any]) -> str:
     ov = report["suites"].get("overall", {})
     gen, tok = (ov.get("generation") or {}).get("ab"), (ov.get("teacher") or {}).get("ab")
     if gen:
-        lines.append(f"\nexact outputs {gen['exact_rate']:.1%}, length ratio {gen['len_ratio']}, n={gen['n']} pairs")
+        ratio = "—" if gen["len_ratio"] is None else f"{gen['len_ratio']:.4g}"
+        lines.append(f"\nexact outputs {gen['exact_rate']:.1%}, length ratio {ratio}, n={gen['n']} pairs")
     if tok:
         lines.append(f"teacher-forced: mean KL {tok['mean_kl']:.4g}, same top-1 {tok['same_top1_rate']:.1%} "
                      f"over {tok['n_tokens']} tokens")
     if report.get("speed"):
         s = report["speed"]
-        lines.append(f"speed: {s['baseline']['output_tok_s']} → {s['candidate']['output_tok_s']} output tok/s "
-                     f"(ratio {s['ratio']['estimate']})")
+        r = s["ratio"]
+        ratio = "" if r.get("estimate") is None else (
+            f"; per-request tok/s ratio {r['estimate']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
+        lines.append(f"speed: {s['baseline']['output_tok_s']:.4g} → {s['candidate']['output_tok_s']:.4g} output "
+                     f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}")
     for w in report.get("warnings", []):
         lines.append(f"warning: {w}")
     return "\n".join(lines)
