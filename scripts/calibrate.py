@@ -74,7 +74,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the simulations and write the Markdown tables."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sims", type=int, default=400)
+    parser.add_argument("--sims", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=20261130)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "calibration.md")
     parser.add_argument("--quick", action="store_true", help="200 simulations per cell, print only")

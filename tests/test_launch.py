@@ -43,3 +43,31 @@ def test_launch_that_dies_is_an_infrastructure_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kvqual", "run", "a", "--suite", "s.jsonl"], cwd=tmp_path,
                        env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=120)
     assert r.returncode == 4 and "exited with code 3" in r.stderr
+
+
+def test_ctrl_c_during_a_comparison_stops_the_launched_server(tmp_path):
+    import signal
+    import time
+
+    write_suite(tmp_path / "s.jsonl", [{"id": f"q{i}", "prompt": f"Q{i} [[answer={i}]]"} for i in range(200)])
+    py = sys.executable
+    (tmp_path / "kvqual.toml").write_text(  # 0.5 s per request, 2 at a time: the run takes ~50 s
+        f'[run]\nconcurrency = 2\n[targets.a]\nbase_url = "http://127.0.0.1:{{port}}/v1"\n'
+        f'launch = "{py} {FAKE} --port {{port}} --delay 0.5"\n[targets.b]\nbase_url = "http://127.0.0.1:1/v1"\n')
+    proc = subprocess.Popen([py, "-m", "kvqual", "compare", "a", "b", "--suite", "s.jsonl"], cwd=tmp_path,
+                            env={**os.environ, "CI": "true"}, stderr=subprocess.PIPE, text=True)
+    started = proc.stderr.readline()
+    port = int(started.split("--port ")[1].split()[0])
+    deadline = time.monotonic() + 60
+    while "healthy" not in proc.stderr.readline() and time.monotonic() < deadline:
+        pass
+    time.sleep(1.0)  # mid-run
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, rest
+    assert "stopping a" in rest and "saved" in rest
+    assert port_is_free(port)
+    leftover = subprocess.run(["pgrep", "-f", f"{FAKE} --port {port} "], capture_output=True, text=True)
+    assert not leftover.stdout.split(), "the launched server outlived Ctrl-C"
+    answered = (next((tmp_path / "results").glob("a-*")) / "samples.jsonl").read_text().splitlines()
+    assert 0 < len(answered) < 200  # what was answered before Ctrl-C is kept for the resume
