@@ -121,6 +121,7 @@ class Scraper:
         assert self._client is not None
         now = time.perf_counter()
         totals: dict[str, float] = {}
+        answered = False
         for url in self.base_urls:
             try:
                 response = await self._client.get(f"{server_root(url)}/metrics")
@@ -131,13 +132,16 @@ class Scraper:
             parsed = parse_prometheus(response.text)
             self._source = self._source or source_of(parsed)
             snap = snapshot(parsed)
+            if not snap:
+                continue  # /metrics without any family we know
+            answered = True
             self._first.setdefault(url, snap)
             self._last[url] = snap
             for key in GAUGES:  # usage: the fullest replica; running requests: all replicas
                 if key in snap:
                     combine = max if key == "kv_usage" else (lambda a, b: a + b)
                     totals[key] = combine(totals.get(key, 0.0), snap[key])
-        if totals:
+        if answered:  # a server exporting counters but no gauges still counts
             self._scrapes += 1
             self._t0 = now if self._t0 is None else self._t0
             self._t1 = now
