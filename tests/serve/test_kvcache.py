@@ -105,3 +105,45 @@ def test_dtype_names():
     assert resolve_kv_cache_dtype("fp8") == "fp8_e4m3"
     with pytest.raises(ValueError):
         resolve_kv_cache_dtype("int4")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+def test_extend_many_and_retire_in_one_step(dtype):
+    caches, alone = [], []
+    for seq, seed in ((3, 1), (6, 2), (4, 3)):
+        c = KvCache(1, dtype)
+        k, v = _states(seq=seq, seed=seed)
+        c.update(k, v, 0)
+        caches.append(c)
+        alone.append((c.layers[0].stored()[0].clone(), c.layers[0].update(k[..., :0, :], v[..., :0, :])[0].clone()))
+    first = caches[0]
+    first.extend_rows(*caches[1:])  # rows of lengths 3, 6, 4, left-padded to 6
+    assert first.length() == 6 and first.layers[0].rows() == 3
+    stored = first.layers[0].stored()[0]
+    for row, (seq, (own_stored, _)) in enumerate(zip((3, 6, 4), alone)):
+        assert torch.equal(stored[row, :, 6 - seq :], own_stored[0])
+        assert not stored[row, :, : 6 - seq].any()  # padding is zero
+    if dtype != "bf16":  # each row keeps its own scale
+        assert torch.equal(first.layers[0].scales()[0][2], caches[2].layers[0].scales()[0][0])
+    first.retire([2, 0], trim=2)  # keep the 4- and 3-long rows, drop the common padding
+    assert first.length() == 4 and first.layers[0].rows() == 2
+    assert torch.equal(first.layers[0].stored()[0][0], alone[2][0][0])
+    k_read, _ = first.layers[0].update(*_states(batch=2, seq=1, seed=9))  # decode after surgery
+    assert k_read.shape[2] == 5 and torch.equal(k_read[0, :, :4], alone[2][1][0])
+    # now with spare rows: a shorter request joins by copying only itself; retiring without a
+    # trim moves rows up in place; both keep every row's values (and fp8 scales) intact
+    before = first.layers[0].stored()[0].clone()
+    late = KvCache(1, dtype)
+    kl, vl = _states(seq=2, seed=4)
+    late.update(kl, vl, 0)
+    buffer = first.layers[0]._store[0]
+    first.extend_rows(late)
+    assert first.layers[0]._store[0] is buffer  # no rebuild
+    stored = first.layers[0].stored()[0]
+    assert stored.shape[0] == 3 and torch.equal(stored[:2], before)
+    assert torch.equal(stored[2, :, 3:], late.layers[0].stored()[0][0]) and not stored[2, :, :3].any()
+    first.retire([1, 2], trim=0)
+    assert first.layers[0]._store[0] is buffer
+    assert torch.equal(first.layers[0].stored()[0], torch.stack([before[1], stored[2]]))
+    if dtype != "bf16":
+        assert torch.equal(first.layers[0].scales()[0][1], late.layers[0].scales()[0][0])

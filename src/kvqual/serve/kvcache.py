@@ -3,15 +3,19 @@
 Every K/V that attention reads has been through the storage round trip, the prompt's own
 prefill included. transformers' `Fp8QuantizedLayer` returns full-precision states on its
 first update, so a single-pass prompt scoring (echo) would never see fp8; the layers here
-fix that, which is what makes fp8 visible in prompt logprobs, as on a real engine.
+fix that, which is what makes fp8 visible in prompt logprobs, as on a real engine. The
+round trip is decoded once per position into a read-back buffer (a GPU kernel dequantizes
+in registers instead); re-decoding the whole cache on every step made fp8 decode 2-3x slower
+than bf16 here, which is an artefact, not a property of fp8.
 
 Scales (fp8 only): `dynamic` calibrates one scale per (request, layer, K or V) on the
 request's prompt (amax / dtype max) and freezes it; `1.0` uses no scale, so values past the
 dtype's max saturate (like an engine that fell back to scale 1.0). One scale per request,
 not per batch, keeps a request's numbers independent of what else is in the batch.
 
-Layers also support the batch surgery continuous batching needs: left-pad, concatenate
-along the batch, select rows, trim the common left padding.
+Layers also support the batch surgery continuous batching needs (left-pad, concatenate
+along the batch, select rows, trim the common left padding), each done as one copy into
+buffers with headroom, so that admitting or retiring a request costs one pass over the cache.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, Fp8QuantizedLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 KvCacheDtype = Literal["bf16", "fp8_e4m3", "fp8_e5m2"]
 KvScale = Literal["dynamic", "1.0"]
@@ -30,6 +34,7 @@ FP8_DTYPES: dict[str, torch.dtype] = {
     "fp8_e5m2": torch.float8_e5m2,
 }
 STORAGE_BYTES: dict[str, int] = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+SPARE_ROWS = 8  # rows a rebuilt batch keeps free, so that joining requests copy only themselves
 
 
 def resolve_kv_cache_dtype(name: str) -> KvCacheDtype:
@@ -58,69 +63,189 @@ def dynamic_scale(x: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
     return (amax / torch.finfo(fp8_dtype).max).clamp(min=torch.finfo(torch.float32).tiny)
 
 
-def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
-    """Prepend n zero positions on the sequence axis (-2)."""
-    if n == 0:
-        return t
-    shape = list(t.shape)
-    shape[-2] = n
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=-2)
+class StoredLayer(DynamicLayer):
+    """One layer's K/V as stored (bf16 or fp8) plus what attention reads back from them.
 
+    Both live in buffers preallocated along the sequence (grown by doubling): `update` encodes
+    only the new positions and decodes only those into the read-back copy, so a decode step costs
+    O(new tokens), not a re-conversion of the whole cache. What attention reads is exactly the
+    storage round trip (decode(encode(x)) is elementwise, so decoding once equals decoding on every
+    read). Subclasses define the storage dtype and the encode/decode pair.
+    """
 
-class Bf16Layer(DynamicLayer):
-    """A DynamicLayer that stores K/V as bfloat16 and returns them in the compute dtype."""
+    storage_dtype: torch.dtype
 
-    storage_dtype = torch.bfloat16
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.compute_dtype = key_states.dtype
+        self._len = 0
+        self._nrows = key_states.shape[0]
+        empty = key_states[..., :0, :]
+        self._store = [empty.to(self.storage_dtype), empty.to(self.storage_dtype)]
+        self._read = [empty.clone(), empty.clone()]
+        self._first_states(key_states, value_states)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append the new states (stored as bf16) and return the whole cache, upcast."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.compute_dtype = key_states.dtype
-            self.keys = self.keys.to(self.storage_dtype)
-            self.values = self.values.to(self.storage_dtype)
-        self.keys = torch.cat([self.keys, key_states.to(self.storage_dtype)], dim=-2)
-        self.values = torch.cat([self.values, value_states.to(self.storage_dtype)], dim=-2)
-        return self.keys.to(self.compute_dtype), self.values.to(self.compute_dtype)
+    def _first_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Hook: a layer that calibrates on the prompt does it here."""
 
-    def stored(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored K and V tensors, [B, H, T, D]."""
+    def _encode(self, x: torch.Tensor, kv: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _decode(self, q: torch.Tensor, kv: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _reserve(self, length: int) -> None:
+        """Make room for `length` positions (capacity at least doubles when it grows)."""
+        cap = self._store[0].shape[-2]
+        if length <= cap:
+            return
+        new_cap = max(length, 2 * cap)
+        for bufs in (self._store, self._read):
+            for i, buf in enumerate(bufs):
+                shape = list(buf.shape)
+                shape[-2] = new_cap
+                grown = torch.zeros(shape, dtype=buf.dtype, device=buf.device)
+                grown[..., : self._len, :] = buf[..., : self._len, :]
+                bufs[i] = grown
+
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = self._read[0][: self._nrows, :, : self._len]
+        self.values = self._read[1][: self._nrows, :, : self._len]
         return self.keys, self.values
 
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Store the new states and return every position's read-back K and V (the new ones too)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self._reserve(self._len + n)
+        for kv, states in enumerate((key_states, value_states)):
+            q = self._encode(states, kv)
+            self._store[kv][: self._nrows, :, self._len : self._len + n] = q
+            self._read[kv][: self._nrows, :, self._len : self._len + n] = self._decode(q, kv)
+        self._len += n
+        return self._views()
+
+    def get_seq_length(self) -> int:
+        return self._len if self.is_initialized else 0
+
+    def stored(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored K and V, [B, H, T, D] in the storage dtype."""
+        return self._store[0][: self._nrows, :, : self._len], self._store[1][: self._nrows, :, : self._len]
+
+    def rows(self) -> int:
+        """Batch rows in use (the buffers may hold spare rows for requests about to join)."""
+        return self._nrows
+
+    def compose(self, parts: list[tuple[StoredLayer, list[int] | None, int]], length: int) -> None:
+        """Rebuild this layer from `parts` in one copy: for each (layer, rows or None for all, trim),
+        those rows' positions [trim, end) right-aligned in `length` positions (zero left padding),
+        stacked along the batch in order. The buffers keep headroom for the next decode steps."""
+        # read every source (self may be one) before replacing anything
+        plan = [(layer._store, layer._read, rows, trim, layer._len, layer.rows() if rows is None else len(rows))
+                for layer, rows, trim in parts]
+        n_rows = sum(p[-1] for p in plan)
+        cap = length + max(32, length // 4)
+        row_cap = n_rows + SPARE_ROWS
+        rebuilt: list[list[torch.Tensor]] = [[], []]
+        for which in range(2):  # 0: stored, 1: read back
+            for kv in range(2):
+                like = (self._store, self._read)[which][kv]
+                new = like.new_empty((row_cap, like.shape[1], cap, like.shape[3]))
+                row = 0
+                for store, read, rows, trim, end, count in plan:
+                    src = (store, read)[which][kv]
+                    pad = length - (end - trim)
+                    if pad:
+                        new[row : row + count, :, :pad] = 0
+                    if rows is None:
+                        new[row : row + count, :, pad:length] = src[:count, :, trim:end]
+                    else:
+                        for j, r in enumerate(rows):
+                            new[row + j, :, pad:length] = src[r, :, trim:end]
+                    row += count
+                rebuilt[which].append(new)
+        self._store, self._read = rebuilt
+        self._nrows = n_rows
+        self._len = length
+        self._views()
+
     def pad_left(self, n: int) -> None:
-        """Prepend n (masked) positions."""
-        self.keys, self.values = _pad_left(self.keys, n), _pad_left(self.values, n)
+        """Prepend n (masked, zero) positions."""
+        if n:
+            self.compose([(self, None, 0)], self._len + n)
 
     def trim_left(self, n: int) -> None:
         """Drop the first n positions (padding common to every row)."""
-        self.keys, self.values = self.keys[..., n:, :], self.values[..., n:, :]
+        if n:
+            self.compose([(self, None, n)], self._len - n)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
+    def select_rows(self, rows: list[int]) -> None:
         """Keep only these batch rows."""
-        self.keys, self.values = self.keys[rows], self.values[rows]
+        self.compose([(self, list(rows), 0)], self._len)
 
-    def extend_rows(self, other: Bf16Layer) -> None:
-        """Append another layer's rows (same sequence length) after this one's."""
-        self.keys = torch.cat([self.keys, other.keys], dim=0)
-        self.values = torch.cat([self.values, other.values], dim=0)
+    def extend_rows(self, others: list[StoredLayer]) -> None:
+        """Append other layers' rows after this one's, left-padding to the longest. Rows no longer
+        than this layer's go into its spare rows (copying only them); otherwise one full rebuild."""
+        count = sum(o.rows() for o in others)
+        if all(o._len <= self._len for o in others) and self._nrows + count <= self._store[0].shape[0]:
+            row = self._nrows
+            for o in others:
+                pad, n = self._len - o._len, o.rows()
+                for mine, theirs in ((self._store, o._store), (self._read, o._read)):
+                    for kv in range(2):
+                        mine[kv][row : row + n, :, :pad] = 0
+                        mine[kv][row : row + n, :, pad : self._len] = theirs[kv][:n, :, : o._len]
+                row += n
+            self._nrows = row
+            self._views()
+            return
+        self.compose([(self, None, 0)] + [(o, None, 0) for o in others], max([self._len] + [o._len for o in others]))
+
+    def retire(self, keep: list[int], trim: int) -> None:
+        """Keep rows `keep` (in that order) and drop the first `trim` positions. Without a trim and
+        with `keep` ascending, the kept rows move up in place (the rows after the first gap)."""
+        if trim or any(b <= a for a, b in zip(keep, keep[1:])):
+            self.compose([(self, list(keep), trim)], self._len - trim)
+            return
+        for j, r in enumerate(keep):
+            if r != j:
+                for bufs in (self._store, self._read):
+                    for kv in range(2):
+                        bufs[kv][j, :, : self._len] = bufs[kv][r, :, : self._len]
+        self._nrows = len(keep)
+        self._views()
 
     def nbytes(self) -> int:
-        """Bytes held by the stored K and V."""
-        return 0 if not self.is_initialized else self.keys.nbytes + self.values.nbytes
+        """Bytes of the stored K and V at the used positions (the read-back copy is not counted:
+        it stands in for the dequantization a GPU kernel does in registers)."""
+        return 0 if not self.is_initialized else sum(b[: self._nrows, :, : self._len].nbytes for b in self._store)
 
 
-class RoundTripFp8Layer(Fp8QuantizedLayer):
-    """transformers' Fp8QuantizedLayer, made to quantize every K/V it returns, prefill included.
+class Bf16Layer(StoredLayer):
+    """K/V stored as bfloat16, read back in the compute dtype."""
 
-    Differences from the parent: the first update stores *and returns* the fp8 round trip;
-    the fp8 dtype (e4m3fn or e5m2) and the scale mode are chosen; scales are per batch row;
-    out-of-range values saturate.
+    storage_dtype = torch.bfloat16
+
+    def _encode(self, x: torch.Tensor, kv: int) -> torch.Tensor:
+        return x.to(self.storage_dtype)
+
+    def _decode(self, q: torch.Tensor, kv: int) -> torch.Tensor:
+        return q.to(self.compute_dtype)
+
+
+class RoundTripFp8Layer(StoredLayer):
+    """K/V stored as fp8 (e4m3fn or e5m2) with one scale per (batch row, K or V), prefill included.
+
+    Unlike transformers' `Fp8QuantizedLayer`, the first update stores *and returns* the fp8 round
+    trip; the scale is calibrated on the prompt (`dynamic`: amax / dtype max) or 1.0, then frozen;
+    out-of-range values saturate instead of becoming NaN.
     """
 
     def __init__(self, fp8_dtype: torch.dtype = torch.float8_e4m3fn, kv_scale: KvScale = "dynamic"):
         super().__init__()
+        self.storage_dtype = fp8_dtype
         self.fp8_dtype = fp8_dtype
-        self.fp8_max = torch.finfo(fp8_dtype).max
         self.kv_scale = kv_scale
 
     def _scale_for(self, states: torch.Tensor) -> torch.Tensor:
@@ -128,67 +253,35 @@ class RoundTripFp8Layer(Fp8QuantizedLayer):
             return dynamic_scale(states, self.fp8_dtype)
         return torch.ones((states.shape[0], 1, 1, 1), dtype=torch.float32, device=states.device)
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        DynamicLayer.lazy_initialization(self, key_states, value_states)
-        empty = key_states[..., :0, :]
-        self._quantized_keys = (empty.to(self.fp8_dtype), self._scale_for(key_states))
-        self._quantized_values = (empty.to(self.fp8_dtype), self._scale_for(value_states))
+    def _first_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._scales = [self._scale_for(key_states), self._scale_for(value_states)]
 
-    def _quantize(self, tensor, scale=None):
-        if scale is None:
-            scale = self._scale_for(tensor)
-        return fp8_quantize(tensor, self.fp8_dtype, scale), scale
+    def _encode(self, x: torch.Tensor, kv: int) -> torch.Tensor:
+        return fp8_quantize(x, self.fp8_dtype, self._scales[kv])
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Store the new states as fp8 and return the dequantized cache (the new states too)."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.cumulative_length += key_states.shape[-2]
-        qk, k_scale = self._quantized_keys
-        qv, v_scale = self._quantized_values
-        new_k, _ = self._quantize(key_states, k_scale)
-        new_v, _ = self._quantize(value_states, v_scale)
-        self._quantized_keys = (torch.cat([qk, new_k], dim=-2), k_scale)
-        self._quantized_values = (torch.cat([qv, new_v], dim=-2), v_scale)
-        return self._dequantize(self._quantized_keys), self._dequantize(self._quantized_values)
-
-    def stored(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored fp8 K and V tensors, [B, H, T, D]."""
-        return self._quantized_keys[0], self._quantized_values[0]
+    def _decode(self, q: torch.Tensor, kv: int) -> torch.Tensor:
+        return fp8_dequantize(q, self._scales[kv], self.compute_dtype)
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V scales, [B, 1, 1, 1] float32."""
-        return self._quantized_keys[1], self._quantized_values[1]
+        return self._scales[0], self._scales[1]
 
-    def pad_left(self, n: int) -> None:
-        """Prepend n (masked) positions."""
-        (qk, sk), (qv, sv) = self._quantized_keys, self._quantized_values
-        self._quantized_keys, self._quantized_values = (_pad_left(qk, n), sk), (_pad_left(qv, n), sv)
-        self.cumulative_length += n
+    def compose(self, parts: list[tuple[StoredLayer, list[int] | None, int]], length: int) -> None:
+        """As StoredLayer.compose, carrying each row's scales along."""
+        scales = [torch.cat([layer._scales[kv] if rows is None else layer._scales[kv][rows]  # type: ignore[attr-defined]
+                             for layer, rows, _ in parts]) for kv in range(2)]
+        super().compose(parts, length)
+        self._scales = scales
 
-    def trim_left(self, n: int) -> None:
-        """Drop the first n positions (padding common to every row)."""
-        (qk, sk), (qv, sv) = self._quantized_keys, self._quantized_values
-        self._quantized_keys, self._quantized_values = (qk[..., n:, :], sk), (qv[..., n:, :], sv)
-        self.cumulative_length -= n
+    def extend_rows(self, others: list[StoredLayer]) -> None:
+        scales = [torch.cat([self._scales[kv]] + [o._scales[kv] for o in others]) for kv in range(2)]  # type: ignore[attr-defined]
+        super().extend_rows(others)
+        self._scales = scales
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (with their scales)."""
-        (qk, sk), (qv, sv) = self._quantized_keys, self._quantized_values
-        self._quantized_keys, self._quantized_values = (qk[rows], sk[rows]), (qv[rows], sv[rows])
-
-    def extend_rows(self, other: RoundTripFp8Layer) -> None:
-        """Append another layer's rows (same sequence length) after this one's."""
-        (qk, sk), (qv, sv) = self._quantized_keys, self._quantized_values
-        (ok, osk), (ov, osv) = other._quantized_keys, other._quantized_values
-        self._quantized_keys = (torch.cat([qk, ok]), torch.cat([sk, osk]))
-        self._quantized_values = (torch.cat([qv, ov]), torch.cat([sv, osv]))
-
-    def nbytes(self) -> int:
-        """Bytes held by the stored fp8 K and V (scales are negligible and left out)."""
-        if not self.is_initialized:
-            return 0
-        return self._quantized_keys[0].nbytes + self._quantized_values[0].nbytes
+    def retire(self, keep: list[int], trim: int) -> None:
+        scales = [s[list(keep)] for s in self._scales]
+        super().retire(keep, trim)
+        self._scales = scales
 
 
 KvLayer = Bf16Layer | RoundTripFp8Layer
@@ -225,17 +318,18 @@ class KvCache(Cache):
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep only these batch rows, in this order."""
-        index = torch.tensor(rows, dtype=torch.long)
         for layer in self.layers:
-            layer.select_rows(index)
+            layer.select_rows(rows)
 
-    def extend_rows(self, other: KvCache) -> None:
-        """Append the rows of another cache, left-padding whichever is shorter."""
-        mine, theirs = self.length(), other.length()
-        self.pad_left(max(0, theirs - mine))
-        other.pad_left(max(0, mine - theirs))
-        for layer, other_layer in zip(self.layers, other.layers):
-            layer.extend_rows(other_layer)  # type: ignore[arg-type]
+    def retire(self, keep: list[int], trim: int) -> None:
+        """Keep only rows `keep` and drop the first `trim` positions."""
+        for layer in self.layers:
+            layer.retire(keep, trim)
+
+    def extend_rows(self, *others: KvCache) -> None:
+        """Append the rows of other caches (left-padding whichever are shorter), in one copy per buffer."""
+        for i, layer in enumerate(self.layers):
+            layer.extend_rows([o.layers[i] for o in others])
 
     def nbytes(self) -> int:
         """Bytes of stored K/V across layers (padding included: it is memory in use)."""
