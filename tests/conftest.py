@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
+import os
+
 import pytest
 
 from kvtest import FakeServer, start_fake
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Converted models go to a folder of this test session (shared by the servers it launches),
+    not the user's ~/.cache; a cache folder set by the caller is kept."""
+    if "KVQUAL_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["KVQUAL_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvqual-cache"))
+    yield
+    del os.environ["KVQUAL_CACHE_DIR"]
 
 
 @pytest.fixture
