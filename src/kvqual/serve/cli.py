@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(no scale: an engine without calibrated scales)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--max-batch", "--max-running-requests", dest="max_batch", type=int, default=16,
-                        help="most requests decoded together")
+    parser.add_argument("--max-batch", "--max-running-requests", dest="max_batch", type=int, default=32,
+                        help="most requests decoded together (default 32)")
     parser.add_argument("--context-length", type=int, default=None,
                         help="max tokens per request, prompt + output (default: the model's)")
     parser.add_argument("--kv-budget-mb", type=int, default=256,

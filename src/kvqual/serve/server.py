@@ -27,7 +27,7 @@ def build_state(
     model: str | None = None,
     kv_cache_dtype: str = "auto",
     kv_scale: KvScale = "dynamic",
-    max_batch: int = 16,
+    max_batch: int = 32,
     context_length: int | None = None,
     kv_budget_mb: int = DEFAULT_KV_BUDGET_MB,
 ) -> ServerState:
@@ -69,7 +69,7 @@ def running_server(
     host: str = "127.0.0.1",
     model: str | None = None,
     kv_scale: KvScale = "dynamic",
-    max_batch: int = 16,
+    max_batch: int = 32,
     context_length: int | None = None,
 ) -> Iterator[str]:
     """Serve in this process on a background thread; yields the base URL (`http://host:port`, no /v1)."""
