@@ -169,6 +169,22 @@ def test_clustered_accuracy_uses_cluster_robust_interval() -> None:
     assert "20 contexts" in wide.detail and (wide.ci_high - wide.ci_low) > (plain.ci_high - plain.ci_low)
 
 
+def test_clustered_accuracy_without_flips_is_not_certain() -> None:
+    # 24 questions on 12 documents, nothing flips: the cluster-robust SE is 0, but 24 items cannot
+    # show accuracy within 5 points (the unclustered score test agrees); 480 such items can
+    def verdict(n: int):
+        same = np.arange(n) % 2 == 0
+        pairs = AccuracyPairs("s", same, same, clusters=np.arange(n) // 2)
+        return _by_name(decide(GatePolicy(), GateInputs(accuracy=(pairs,)), RNG(0)))["accuracy[s]"]
+
+    small, large = verdict(24), verdict(480)
+    assert small.status == "inconclusive" and small.ci_low < -0.05 and "floored" in small.detail
+    assert small.n_more is not None and small.n_more > 24
+    plain = _by_name(decide(GatePolicy(), GateInputs(accuracy=(_accuracy(24, 0, 0),)), RNG(0)))["accuracy[s]"]
+    assert plain.status == "inconclusive" and small.ci_low == pytest.approx(plain.ci_low, abs=0.02)
+    assert large.status == "pass"
+
+
 def test_inputs_reject_mismatched_arrays() -> None:
     with pytest.raises(ValueError):
         AccuracyPairs("s", [True, False], [True])

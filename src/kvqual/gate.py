@@ -291,18 +291,23 @@ def _accuracy(pairs: AccuracyPairs, policy: GatePolicy, m: int) -> Criterion:
               f"flips right→wrong {counts.b}, wrong→right {counts.c}; "
               f"McNemar exact p={st.mcnemar_exact_p(counts.b, counts.c):.3g}")
     diff = pairs.cand_correct.astype(float) - pairs.base_correct.astype(float)
+    ci = st.tango_ci(counts, level=1 - 2 * policy.alpha)
+    z = float(stats.norm.ppf(1 - policy.alpha))
+    # the score interval's half-width as an SE: honest where the plain SE is not (no flips → 0)
+    score_se = (ci.high - ci.low) / (2 * z)
     clustered = pairs.clusters is not None and np.unique(pairs.clusters).size < n
     if clustered:
         mc = st.mean_ci(diff, pairs.clusters)
-        return _one_sided("accuracy", pairs.suite, "at_least", -delta, mc.estimate, mc.se, mc.df, n,
-                          policy, detail + f"; cluster-robust over {mc.n_clusters} contexts", m)
+        # Clustering adds uncertainty to what independent items would show; the cluster-robust SE
+        # is 0 when nothing flips (it claimed "24 items, 0 flips: within 5 points for sure"), so it
+        # is floored at the independent-items score SE.
+        floored = score_se > mc.se
+        return _one_sided("accuracy", pairs.suite, "at_least", -delta, mc.estimate, max(mc.se, score_se),
+                          mc.df, n, policy, detail + f"; cluster-robust over {mc.n_clusters} contexts"
+                          + (" (SE floored at the independent-items score SE)" if floored else ""), m)
     zs = st.tango_z(counts, -delta)
-    ci = st.tango_ci(counts, level=1 - 2 * policy.alpha)
     est = counts.difference
-    sd = math.sqrt(max((counts.b + counts.c) / n - est**2, 0.0))
-    # no flips gives sd 0 and a promise of "0 more items"; the score interval's width is honest
-    z = float(stats.norm.ppf(1 - policy.alpha))
-    sd = max(sd, (ci.high - ci.low) / (2 * z) * math.sqrt(n))
+    sd = max(math.sqrt(max((counts.b + counts.c) / n - est**2, 0.0)), score_se * math.sqrt(n))
     return Criterion("accuracy", pairs.suite, "inconclusive", "at_least", -delta, None, est, ci.low,
                      ci.high, ci.level, float(stats.norm.sf(zs)), float(stats.norm.cdf(zs)), None, n,
                      _n_more(est, sd, n, -delta, est > -delta, policy.alpha, m), detail)
