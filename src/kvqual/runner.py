@@ -144,12 +144,17 @@ def _score(item: Item, text: str) -> float | None:
     return scorers.score(item, text)
 
 
-class _Progress:
-    """A rich progress bar on a terminal; silent in CI or when output is not a TTY."""
+LINE_EVERY_S = 30.0  # a plain progress line at most this often when stderr is not a terminal
 
-    def __init__(self, label: str, stats: RunStats, enabled: bool) -> None:
-        self.stats, self._bar, self._task = stats, None, None
-        if enabled:
+
+class _Progress:
+    """A rich progress bar on a terminal; elsewhere (CI logs, pipes) a plain line every 30 s and
+    one at the end, so a long run is never silent; nothing when `mode` is "off"."""
+
+    def __init__(self, label: str, stats: RunStats, mode: str) -> None:
+        self.label, self.stats, self.mode, self._bar, self._task = label, stats, mode, None, None
+        self._last_line = stats.started
+        if mode == "bar":
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
@@ -158,22 +163,39 @@ class _Progress:
             self._task = self._bar.add_task(label, total=stats.total, rate="")
             self._bar.start()
 
-    def update(self) -> None:
-        if self._bar is None:
-            return
+    def _rate(self) -> str:
         s = self.stats
         elapsed = max(time.perf_counter() - s.started, 1e-9)
-        rate = f"{s.done / elapsed:.1f} req/s  {s.completion_tokens / elapsed:.0f} tok/s  errors {s.failed}"
-        self._bar.update(self._task, completed=s.done, rate=rate)
+        return f"{s.done / elapsed:.1f} req/s  {s.completion_tokens / elapsed:.0f} tok/s  errors {s.failed}"
+
+    def _line(self) -> None:
+        s = self.stats
+        print(f"kvqual: {self.label}: {s.done}/{s.total} done  {self._rate()}  "
+              f"({time.perf_counter() - s.started:.0f} s)", file=sys.stderr, flush=True)
+        self._last_line = time.perf_counter()
+
+    def update(self) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.stats.done, rate=self._rate())
+        elif self.mode == "lines" and time.perf_counter() - self._last_line >= LINE_EVERY_S:
+            self._line()
 
     def close(self) -> None:
         if self._bar is not None:
             self.update()
             self._bar.stop()
+        elif self.mode == "lines" and self.stats.total:
+            self._line()
 
 
 def progress_enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _progress_mode(progress: bool | None) -> str:
+    if progress is False:
+        return "off"
+    return "bar" if progress or progress_enabled() else "lines"
 
 
 async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress: bool | None = None) -> RunManifest:
@@ -184,7 +206,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
     stats = RunStats(total=total, done=len(store.done), ok=len(store.done), started=time.perf_counter())
     transports = [Transport(u, plan.target.api_key(), run.timeout) for u in plan.target.base_urls]
     in_flight = [0] * len(transports)
-    bar = _Progress(plan.run_id, stats, progress_enabled() if progress is None else progress)
+    bar = _Progress(plan.run_id, stats, _progress_mode(progress))
     iterator: Iterator[Unit] = iter(units)
     rng = random.Random(plan.params.seed)
     consecutive_conn_failures = 0
