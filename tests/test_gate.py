@@ -183,6 +183,8 @@ def test_clustered_accuracy_without_flips_is_not_certain() -> None:
     plain = _by_name(decide(GatePolicy(), GateInputs(accuracy=(_accuracy(24, 0, 0),)), RNG(0)))["accuracy[s]"]
     assert plain.status == "inconclusive" and small.ci_low == pytest.approx(plain.ci_low, abs=0.02)
     assert large.status == "pass"
+    two_documents = verdict(4)  # t on 1 degree of freedom: the interval is clipped to [-1, 1]
+    assert two_documents.ci_low == -1.0 and two_documents.ci_high == 1.0
 
 
 def test_inputs_reject_mismatched_arrays() -> None:

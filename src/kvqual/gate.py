@@ -302,9 +302,11 @@ def _accuracy(pairs: AccuracyPairs, policy: GatePolicy, m: int) -> Criterion:
         # is 0 when nothing flips (it claimed "24 items, 0 flips: within 5 points for sure"), so it
         # is floored at the independent-items score SE.
         floored = score_se > mc.se
-        return _one_sided("accuracy", pairs.suite, "at_least", -delta, mc.estimate, max(mc.se, score_se),
+        crit = _one_sided("accuracy", pairs.suite, "at_least", -delta, mc.estimate, max(mc.se, score_se),
                           mc.df, n, policy, detail + f"; cluster-robust over {mc.n_clusters} contexts"
                           + (" (SE floored at the independent-items score SE)" if floored else ""), m)
+        # a t interval on few clusters can pass ±1; a difference of proportions cannot
+        return dataclasses.replace(crit, ci_low=max(-1.0, crit.ci_low), ci_high=min(1.0, crit.ci_high))
     zs = st.tango_z(counts, -delta)
     est = counts.difference
     sd = max(math.sqrt(max((counts.b + counts.c) / n - est**2, 0.0)), score_se * math.sqrt(n))
