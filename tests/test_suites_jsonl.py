@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -80,3 +81,25 @@ def test_duplicate_suite_names_refused(tmp_path):
 def test_example_suite_ships_and_loads():
     items = load_jsonl_suite("suites/example.jsonl")
     assert len(items) >= 10 and any(i.scored for i in items) and any(i.api == "chat" for i in items)
+
+
+def test_profile_and_category_specs_resolve():
+    suites = load_suites(["profile:default"], seed=0, limit=None)
+    by_name = {s.ref.name: s for s in suites}
+    assert by_name["passkey"].ref.source == "builtin:passkey[len512,len1024]?seed=0"
+    assert by_name["passkey"].ref.n_items == 8
+    assert {it.category for it in by_name["passkey"].items} == {"len512", "len1024"}
+    assert by_name["arith"].ref.source == "builtin:arith?seed=0"
+    # --limit caps each entry; the spec form works on its own too
+    three, = load_suites(["builtin:needles[len1024]@9"], seed=0, limit=3)
+    assert [it.id for it in three.items] == ["needles-0003", "needles-0004", "needles-0005"]
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("builtin:passkey@ten", "whole number, got 'ten'"),
+    ("builtin:passkey[len7]@4", "no category 'len7'"),
+    ("profile:fast", "unknown profile"),
+])
+def test_bad_builtin_specs_are_suite_errors(spec, words):
+    with pytest.raises(SuiteError, match=re.escape(words)):
+        load_suites([spec], seed=0, limit=None)

@@ -90,12 +90,33 @@ def test_arith_answers_are_right() -> None:
         assert int(it.answer) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
 
 
+def _profile_items(profile: str) -> list:
+    return [it for name, n, cats in PROFILES[profile] for it in generate(name, limit=n, categories=cats)]
+
+
 def test_profiles_name_real_suites_and_default_is_small() -> None:
     for mix in PROFILES.values():
-        assert all(name in BUILTIN_SUITES and n > 0 for name, n in mix)
-    default_tokens = sum(it.max_tokens for name, n in PROFILES["default"] for it in generate(name, limit=n))
-    assert default_tokens <= 20_000  # the most one arm can generate
-    assert "passkey_long" not in dict(PROFILES["default"])
+        assert all(name in BUILTIN_SUITES and n > 0 for name, n, _ in mix)
+    items = _profile_items("default")
+    assert len(items) == sum(n for _, n, _ in PROFILES["default"])  # every entry finds its n items
+    assert sum(it.max_tokens for it in items) <= 10_000  # the most one arm can generate
+    # prompt tokens are what a CPU compare spends its time on (6 prefills of each prompt)
+    prompt_tokens = sum(len(m["content"]) for it in items for m in it.messages) / CHARS_PER_TOKEN
+    assert prompt_tokens <= 16_000
+    assert "passkey_long" not in {name for name, _, _ in PROFILES["default"]}
+    assert max(it.meta["length_tokens"] for it in items if it.suite in ("passkey", "needles")) <= 1024
+
+
+def test_category_filter_keeps_the_full_suites_items() -> None:
+    full = {it.id: it for it in generate("passkey", limit=60)}
+    picked = generate("passkey", limit=10, categories=("len512", "len1024"))
+    assert len(picked) == 10 and {it.category for it in picked} == {"len512", "len1024"}
+    assert all(full[it.id] == it for it in picked)  # same ids, byte-identical content
+    assert [it.id for it in picked][:4] == ["passkey-0000", "passkey-0001", "passkey-0003", "passkey-0004"]
+    # without a limit: the matching items among the suite's own default_n
+    assert len(generate("passkey", categories=("len2048",))) == BUILTIN_SUITES["passkey"].default_n // 3
+    with pytest.raises(UsageError, match="no category 'len9'.*known: len1024, len2048, len512"):
+        generate("passkey", categories=("len9",))
 
 
 def test_unknown_suite_and_negative_limit() -> None:
@@ -116,7 +137,8 @@ def test_cli_lists_suites(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for suite in BUILTIN_SUITES.values():
         assert re.search(rf"^{suite.name}\s+{suite.default_n}\s+\S", out, re.M)
-    assert "profile default:" in out and "profile thorough:" in out
+    assert re.search(r"^profile default \(124 items\): 8×passkey\[len512,len1024\], 6×needles\[len512\], ", out, re.M)
+    assert "profile thorough (502 items):" in out
 
 
 def test_cli_writes_suite_and_refuses_overwrite(tmp_path) -> None:

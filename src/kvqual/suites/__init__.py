@@ -1,7 +1,8 @@
 """Suites: what kvqual sends. A suite spec is one of
 
     path/to/file.jsonl        a user suite (the JSONL contract in the brief)
-    builtin:NAME | NAME       a built-in generated suite (`kvqual suites` lists them)
+    builtin:NAME | NAME       a built-in generated suite (`kvqual suites` lists them);
+                              `builtin:NAME[CAT,...]@N`: its first N items of those categories
     profile:NAME              a documented mix of built-ins ("default", "thorough")
     lm-eval:TASK[,TASK...]    lm-evaluation-harness tasks, run through lm-eval itself
 """
@@ -13,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvqual.errors import SuiteError
+from kvqual.errors import SuiteError, UsageError
 from kvqual.records import Item, SuiteRef, dumps_line
 
 __all__ = ["LoadedSuite", "load_suites", "resolve_specs", "suite_hash"]
@@ -47,7 +48,7 @@ def _finish(name: str, source: str, items: list[Item], limit: int | None) -> Loa
 
 
 def resolve_specs(specs: list[str] | tuple[str, ...]) -> list[str]:
-    """Expand `profile:NAME` into its built-in suites (each `builtin:NAME@N`)."""
+    """Expand `profile:NAME` into its built-in suites (each `builtin:NAME[CATS]@N`)."""
     out: list[str] = []
     for spec in specs:
         if spec.startswith("profile:"):
@@ -56,7 +57,7 @@ def resolve_specs(specs: list[str] | tuple[str, ...]) -> list[str]:
             name = spec.removeprefix("profile:")
             if name not in generated.PROFILES:
                 raise SuiteError(spec, None, f"unknown profile (known: {', '.join(generated.PROFILES)})")
-            out.extend(f"builtin:{suite}@{n}" for suite, n in generated.PROFILES[name])
+            out.extend(generated.entry_spec(entry) for entry in generated.PROFILES[name])
         else:
             out.append(spec)
     return out
@@ -80,13 +81,23 @@ def load_suite(spec: str, *, seed: int, limit: int | None, include_path: str | N
     from kvqual.suites import generated
 
     name, _, size = spec.removeprefix("builtin:").partition("@")
+    categories: tuple[str, ...] = ()
+    if name.endswith("]") and "[" in name:
+        name, _, cats = name[:-1].partition("[")
+        categories = tuple(c.strip() for c in cats.split(",") if c.strip())
     if name not in generated.BUILTIN_SUITES:
         raise SuiteError(spec, None, f"no such file or built-in suite (built-ins: {', '.join(generated.BUILTIN_SUITES)})")
-    n = int(size) if size.isdigit() else None
+    if size and not size.isdigit():
+        raise SuiteError(spec, None, f"the item count after '@' must be a whole number, got {size!r}")
+    n = int(size) if size else None
     if limit is not None:
         n = min(n, limit) if n is not None else limit
-    items = generated.generate(name, seed=seed, limit=n)
-    return _finish(name, f"builtin:{name}?seed={seed}", items, None)
+    try:
+        items = generated.generate(name, seed=seed, limit=n, categories=categories)
+    except UsageError as exc:
+        raise SuiteError(spec, None, str(exc)) from None
+    where = f"[{','.join(categories)}]" if categories else ""
+    return _finish(name, f"builtin:{name}{where}?seed={seed}", items, None)
 
 
 def load_suites(specs: list[str] | tuple[str, ...], *, seed: int, limit: int | None,
