@@ -126,3 +126,28 @@ def test_repetition_loop_not_found_in_normal_text() -> None:
     assert tk.text_repetition_loop(text) is None
     assert tk.text_repetition_loop("ha ha ha ha ha") is None  # too short to be a loop
     assert tk.repetition_loop([1, 2, 3, 1, 2, 3, 1, 2, 3]) is None
+
+
+def _own(gen_lps, echo_lps):
+    from kvqual.compare.teacher import Forced
+    from kvqual.records import Sample, TokenLogprobs
+
+    toks = tuple(f"t{i}" for i in range(len(gen_lps)))
+    sample = Sample(id="a", suite="s", repeat=0, text="".join(toks), finish_reason="stop",
+                    completion_tokens=len(toks), error=None, logprobs=TokenLogprobs(toks, tuple(gen_lps)))
+    forced = Forced("s", "a", 0, True, None, TokenLogprobs(toks, tuple(echo_lps)))
+    return sample, forced
+
+
+def test_echo_trust_tolerates_fp8_scale_noise_not_a_shifted_echo():
+    import pytest
+
+    from kvqual.compare.teacher import check_echo_trust
+    from kvqual.errors import ServerContractError
+
+    gen = [-0.1, -2.3, -0.05, -1.7, -0.4, -3.1, -0.2, -0.9]
+    e5m2_like = [g + d for g, d in zip(gen, [0.11, -0.12, 0.09, -0.1, 0.13, -0.1, 0.1, -0.11])]
+    assert check_echo_trust([_own(gen, e5m2_like)], "srv") == pytest.approx(0.1075)
+    shifted = gen[1:] + [-0.3]  # echo off by one position
+    with pytest.raises(ServerContractError, match="srv: echo logprobs .*mean \\|Δ\\| 1\\.[0-9]+ nats > 0.5"):
+        check_echo_trust([_own(gen, shifted)], "srv")

@@ -23,7 +23,11 @@ from kvqual.errors import ServerContractError
 from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
 
-ECHO_TRUST_MAX_MEAN_ABS = 0.1  # nats: fp8-level noise is ~0.02; a shifted or wrong echo is ≫ 0.1
+# nats. Echo re-scores the server's own greedy output in one prefill; with per-request fp8 scales
+# calibrated on what is prefilled (prompt vs prompt + completion) the two legitimately differ:
+# ~0.02 for fp8_e4m3 and 0.108 measured for fp8_e5m2 (2 mantissa bits) on the reference server.
+# An echo shifted by one position or from another model is off by whole nats.
+ECHO_TRUST_MAX_MEAN_ABS = 0.5
 ECHO_TRUST_ITEMS = 3
 
 
