@@ -45,10 +45,13 @@ async def _force(target: Target, manifest: RunManifest, base_dir: Path, items: d
         if own:
             own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own if (s.suite, s.id) in items]
             trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
-        _say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}")
-        await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))
-        if again:  # a second pass on the baseline server: the A/A floor of token metrics
-            await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True))
+        passes = 2 if again else 1  # a second pass on the baseline server: the A/A floor of token metrics
+        _say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
+             + (" (twice: the second pass is the A/A floor)" if again else ""))
+        started = time.perf_counter()
+        for repeat in range(passes):
+            await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, repeat == 1))
+        _say(f"teacher forcing on {target.name} done in {time.perf_counter() - started:.0f} s")
         return trust
     finally:
         await forcer.aclose()
