@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
-
 import os
+from typing import Callable, Iterator
 
 import pytest
 

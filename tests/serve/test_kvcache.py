@@ -87,8 +87,7 @@ def test_batch_surgery_keeps_each_rows_values(dtype):
     stored = a.layers[0].stored()[0]
     assert stored.shape[0] == 2
     assert torch.equal(stored[0, :, 2:], a_alone[0])  # row 0 left-padded by 2
-    a.select_rows([0])
-    a.trim_left(2)
+    a.retire([0], trim=2)  # keep row 0, drop its 2 padding positions
     assert a.length() == 3
     assert torch.equal(a.layers[0].stored()[0], a_alone)
 

@@ -13,9 +13,9 @@ request's prompt (amax / dtype max) and freezes it; `1.0` uses no scale, so valu
 dtype's max saturate (like an engine that fell back to scale 1.0). One scale per request,
 not per batch, keeps a request's numbers independent of what else is in the batch.
 
-Layers also support the batch surgery continuous batching needs (left-pad, concatenate
-along the batch, select rows, trim the common left padding), each done as one copy into
-buffers with headroom, so that admitting or retiring a request costs one pass over the cache.
+Layers also support the batch surgery continuous batching needs: rows join (left-padded to
+the batch) and leave (with the common left padding trimmed), each at most one copy into
+buffers with headroom, usually only of the rows that move.
 """
 
 from __future__ import annotations
@@ -83,10 +83,12 @@ class StoredLayer(DynamicLayer):
         empty = key_states[..., :0, :]
         self._store = [empty.to(self.storage_dtype), empty.to(self.storage_dtype)]
         self._read = [empty.clone(), empty.clone()]
-        self._first_states(key_states, value_states)
+        self._per_row = self._first_states(key_states, value_states)
 
-    def _first_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Hook: a layer that calibrates on the prompt does it here."""
+    def _first_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> list[torch.Tensor]:
+        """Hook: per-row tensors ([B, ...]) a layer calibrates on the prompt (fp8 scales); they
+        follow their rows through every join, leave and reorder."""
+        return []
 
     def _encode(self, x: torch.Tensor, kv: int) -> torch.Tensor:
         raise NotImplementedError
@@ -104,7 +106,7 @@ class StoredLayer(DynamicLayer):
             for i, buf in enumerate(bufs):
                 shape = list(buf.shape)
                 shape[-2] = new_cap
-                grown = torch.zeros(shape, dtype=buf.dtype, device=buf.device)
+                grown = buf.new_empty(shape)  # positions past _len are never read
                 grown[..., : self._len, :] = buf[..., : self._len, :]
                 bufs[i] = grown
 
@@ -166,23 +168,11 @@ class StoredLayer(DynamicLayer):
                     row += count
                 rebuilt[which].append(new)
         self._store, self._read = rebuilt
+        self._per_row = [torch.cat([layer._per_row[i] if rows is None else layer._per_row[i][rows]
+                                    for layer, rows, _ in parts]) for i in range(len(self._per_row))]
         self._nrows = n_rows
         self._len = length
         self._views()
-
-    def pad_left(self, n: int) -> None:
-        """Prepend n (masked, zero) positions."""
-        if n:
-            self.compose([(self, None, 0)], self._len + n)
-
-    def trim_left(self, n: int) -> None:
-        """Drop the first n positions (padding common to every row)."""
-        if n:
-            self.compose([(self, None, n)], self._len - n)
-
-    def select_rows(self, rows: list[int]) -> None:
-        """Keep only these batch rows."""
-        self.compose([(self, list(rows), 0)], self._len)
 
     def extend_rows(self, others: list[StoredLayer]) -> None:
         """Append other layers' rows after this one's, left-padding to the longest. Rows no longer
@@ -197,6 +187,7 @@ class StoredLayer(DynamicLayer):
                         mine[kv][row : row + n, :, :pad] = 0
                         mine[kv][row : row + n, :, pad : self._len] = theirs[kv][:n, :, : o._len]
                 row += n
+            self._per_row = [torch.cat([t] + [o._per_row[i] for o in others]) for i, t in enumerate(self._per_row)]
             self._nrows = row
             self._views()
             return
@@ -213,6 +204,7 @@ class StoredLayer(DynamicLayer):
                 for bufs in (self._store, self._read):
                     for kv in range(2):
                         bufs[kv][j, :, : self._len] = bufs[kv][r, :, : self._len]
+        self._per_row = [t[keep] for t in self._per_row]
         self._nrows = len(keep)
         self._views()
 
@@ -253,35 +245,18 @@ class RoundTripFp8Layer(StoredLayer):
             return dynamic_scale(states, self.fp8_dtype)
         return torch.ones((states.shape[0], 1, 1, 1), dtype=torch.float32, device=states.device)
 
-    def _first_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self._scales = [self._scale_for(key_states), self._scale_for(value_states)]
+    def _first_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> list[torch.Tensor]:
+        return [self._scale_for(key_states), self._scale_for(value_states)]
 
     def _encode(self, x: torch.Tensor, kv: int) -> torch.Tensor:
-        return fp8_quantize(x, self.fp8_dtype, self._scales[kv])
+        return fp8_quantize(x, self.fp8_dtype, self._per_row[kv])
 
     def _decode(self, q: torch.Tensor, kv: int) -> torch.Tensor:
-        return fp8_dequantize(q, self._scales[kv], self.compute_dtype)
+        return fp8_dequantize(q, self._per_row[kv], self.compute_dtype)
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V scales, [B, 1, 1, 1] float32."""
-        return self._scales[0], self._scales[1]
-
-    def compose(self, parts: list[tuple[StoredLayer, list[int] | None, int]], length: int) -> None:
-        """As StoredLayer.compose, carrying each row's scales along."""
-        scales = [torch.cat([layer._scales[kv] if rows is None else layer._scales[kv][rows]  # type: ignore[attr-defined]
-                             for layer, rows, _ in parts]) for kv in range(2)]
-        super().compose(parts, length)
-        self._scales = scales
-
-    def extend_rows(self, others: list[StoredLayer]) -> None:
-        scales = [torch.cat([self._scales[kv]] + [o._scales[kv] for o in others]) for kv in range(2)]  # type: ignore[attr-defined]
-        super().extend_rows(others)
-        self._scales = scales
-
-    def retire(self, keep: list[int], trim: int) -> None:
-        scales = [s[list(keep)] for s in self._scales]
-        super().retire(keep, trim)
-        self._scales = scales
+        return self._per_row[0], self._per_row[1]
 
 
 KvLayer = Bf16Layer | RoundTripFp8Layer
@@ -304,22 +279,6 @@ class KvCache(Cache):
     def length(self) -> int:
         """Stored positions per row (padding included)."""
         return self.layers[0].get_seq_length()
-
-    def pad_left(self, n: int) -> None:
-        """Prepend n masked positions to every row of every layer."""
-        for layer in self.layers:
-            layer.pad_left(n)
-
-    def trim_left(self, n: int) -> None:
-        """Drop the first n positions of every layer."""
-        if n > 0:
-            for layer in self.layers:
-                layer.trim_left(n)
-
-    def select_rows(self, rows: list[int]) -> None:
-        """Keep only these batch rows, in this order."""
-        for layer in self.layers:
-            layer.select_rows(rows)
 
     def retire(self, keep: list[int], trim: int) -> None:
         """Keep only rows `keep` and drop the first `trim` positions."""

@@ -289,21 +289,23 @@ def generate(name: str, *, seed: int = 0, limit: int | None = None,
     if not categories:
         n = suite.default_n if limit is None else limit
         return [suite.make(name, seed, i) for i in range(n)]
-    known = {suite.make(name, seed, i).category for i in range(suite.default_n)}
+    head = [suite.make(name, seed, i) for i in range(suite.default_n)]  # also names the categories
+    known = {item.category for item in head}
     unknown = sorted(set(categories) - known)
     if unknown:
         raise UsageError(f"built-in suite {name!r} has no category {', '.join(map(repr, unknown))}; "
                          f"known: {', '.join(sorted(known))}")
     wanted = set(categories)
-    scan = suite.default_n if limit is None else MAX_SCAN
-    out: list[Item] = []
-    for i in range(scan):
-        if limit is not None and len(out) >= limit:
-            break
+    out = [item for item in head if item.category in wanted]
+    if limit is None:
+        return out
+    i = suite.default_n
+    while len(out) < limit and i < MAX_SCAN:
         item = suite.make(name, seed, i)
         if item.category in wanted:
             out.append(item)
-    return out
+        i += 1
+    return out[:limit]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
