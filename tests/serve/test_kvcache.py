@@ -7,6 +7,7 @@ from kvqual.serve.kvcache import (
     Bf16Layer,
     KvCache,
     RoundTripFp8Layer,
+    check_kv_fault,
     dynamic_scale,
     fp8_dequantize,
     fp8_quantize,
@@ -146,3 +147,43 @@ def test_extend_many_and_retire_in_one_step(dtype):
     assert torch.equal(first.layers[0].stored()[0], torch.stack([before[1], stored[2]]))
     if dtype != "bf16":
         assert torch.equal(first.layers[0].scales()[0][1], late.layers[0].scales()[0][0])
+
+
+def test_fault_ignore_scale_on_read_returns_the_stored_fp8_values_unscaled():
+    k, v = _states(seed=5)
+    layer = RoundTripFp8Layer(torch.float8_e4m3fn, "dynamic", "ignore-scale-on-read")
+    k_read, v_read = layer.update(k, v)
+    k_scale, v_scale = layer.scales()
+    assert k_scale.item() == pytest.approx(k.abs().amax().item() / 448)  # calibrated on write, as usual
+    stored_k, stored_v = layer.stored()
+    assert torch.equal(stored_k, fp8_quantize(k, torch.float8_e4m3fn, k_scale))  # written correctly
+    assert torch.equal(k_read, stored_k.float()) and torch.equal(v_read, stored_v.float())  # read without it
+    assert k_read.abs().max().item() == 448  # x / scale: the largest value is the dtype max
+    healthy = RoundTripFp8Layer(torch.float8_e4m3fn, "dynamic").update(k, v)[0]
+    assert torch.allclose(k_read * k_scale, healthy)  # off by exactly the scale
+    k_next, _ = layer.update(k[..., :1, :], v[..., :1, :])  # decode steps read the same way
+    assert torch.equal(k_next[..., -1:, :], layer.stored()[0][..., -1:, :].float())
+
+
+def test_fault_drop_scale_uses_one_saturates_at_448_and_flushes_tiny_values():
+    x = torch.tensor([[[[1.0, 500.0, -1000.0, 0.3, 4e-4, -1e-4]]]])
+    layer = RoundTripFp8Layer(torch.float8_e4m3fn, "dynamic", "drop-scale")  # configured dynamic
+    k_read, _ = layer.update(x, x)
+    assert layer.scales()[0].item() == 1.0 and layer.scales()[1].item() == 1.0
+    # past e4m3's max clips to +-448; below half its smallest subnormal (2**-9) becomes 0
+    assert k_read[0, 0, 0].tolist() == [1.0, 448.0, -448.0, pytest.approx(0.3125), 0.0, 0.0]
+    healthy, _ = RoundTripFp8Layer(torch.float8_e4m3fn, "dynamic").update(x, x)
+    assert healthy[0, 0, 0, 2].item() == pytest.approx(-1000.0)  # a calibrated scale keeps it
+
+
+def test_kv_fault_needs_fp8():
+    assert check_kv_fault("fp8_e5m2", "drop-scale") == "drop-scale"
+    assert check_kv_fault("bf16", "none") == "none"
+    with pytest.raises(ValueError, match="needs an fp8 KV cache"):
+        check_kv_fault("bf16", "ignore-scale-on-read")
+    with pytest.raises(ValueError, match="unknown kv fault"):
+        check_kv_fault("fp8_e4m3", "flip-bits")
+    with pytest.raises(ValueError):
+        KvCache(2, "bf16", "dynamic", "drop-scale")
+    cache = KvCache(2, "fp8_e4m3", "dynamic", "ignore-scale-on-read")
+    assert all(layer.kv_fault == "ignore-scale-on-read" for layer in cache.layers)

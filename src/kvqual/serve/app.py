@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from kvqual.serve.engine import Engine, Generation, SamplingParams
-from kvqual.serve.kvcache import KvCacheDtype, KvScale
+from kvqual.serve.kvcache import KvCacheDtype, KvFault, KvScale
 from kvqual.serve.model import LoadedModel
 from kvqual.serve.protocol import (
     ApiError,
@@ -45,6 +45,7 @@ class ServeConfig:
     context_length: int
     kv_capacity_tokens: int
     kv_budget_bytes: int
+    kv_fault: KvFault = "none"  # an injected field failure (--kv-fault); reported only here
 
 
 class ServerState:
@@ -165,6 +166,7 @@ def create_app(state: ServerState) -> FastAPI:
             "served_model_name": state.model_name,
             "kv_cache_dtype": cfg.kv_cache_dtype,
             "kv_scale": cfg.kv_scale,
+            "kv_fault": cfg.kv_fault,
             "context_length": cfg.context_length,
             "max_total_num_tokens": cfg.kv_capacity_tokens,
             "kv_cache_budget_bytes": cfg.kv_budget_bytes,

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from kvqual.serve.kvcache import KV_CACHE_DTYPES
+from kvqual.serve.kvcache import KV_CACHE_DTYPES, KV_FAULTS, check_kv_fault, resolve_kv_cache_dtype
 
 DEFAULT_PORT = 30000  # SGLang's default
 
@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-scale", choices=("dynamic", "1.0"), default="dynamic",
                         help="fp8 scale: dynamic (per request/layer, calibrated on the prompt) or 1.0 "
                         "(no scale: an engine without calibrated scales)")
+    parser.add_argument("--kv-fault", choices=KV_FAULTS, default="none",
+                        help="inject a silent fp8 KV failure seen in the field (fp8 dtypes only): "
+                        "ignore-scale-on-read (the kernel reads K/V without the scale; breaks the model), "
+                        "drop-scale (the scale falls back to 1.0 while kv_scale still says dynamic); "
+                        "the server still reports its fp8 dtype, only kv_fault in /get_server_info names it")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--max-batch", "--max-running-requests", dest="max_batch", type=int, default=32,
@@ -35,9 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the model and serve until interrupted; 2 when the model is missing."""
+    """Load the model and serve until interrupted; 2 when the model is missing or the flags clash."""
     from kvqual.serve.model import ModelNotFound, resolve_source
 
+    try:
+        check_kv_fault(resolve_kv_cache_dtype(args.kv_cache_dtype), args.kv_fault)
+    except ValueError as exc:
+        print(f"kvqual serve: {exc}", file=sys.stderr)
+        return 2
     try:
         resolve_source(args.model)
     except ModelNotFound as exc:
@@ -51,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("kvqual.serve").info("loading model ...")
     state = build_state(args.model, args.kv_cache_dtype, args.kv_scale, args.max_batch,
-                        args.context_length, args.kv_budget_mb)
+                        args.context_length, args.kv_budget_mb, args.kv_fault)
+    if args.kv_fault != "none":  # like the field: a log line, nothing in the dtype the server reports
+        logging.getLogger("kvqual.serve").warning("kv fault injected: %s (see docs/serve.md, Fault modes)",
+                                                   args.kv_fault)
     print(f"kvqual serve: {state.model_name} kv_cache_dtype={state.config.kv_cache_dtype} "
           f"kv_scale={state.config.kv_scale} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     serve_forever(state, args.host, args.port, args.log_level)

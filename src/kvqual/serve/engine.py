@@ -21,7 +21,7 @@ from typing import Callable, Literal
 
 import torch
 
-from kvqual.serve.kvcache import KvCache, KvCacheDtype, KvScale
+from kvqual.serve.kvcache import KvCache, KvCacheDtype, KvFault, KvScale
 from kvqual.serve.model import LoadedModel
 from kvqual.serve.sampling import TokenLogprob, choose_token, make_generator, token_logprobs
 
@@ -110,10 +110,12 @@ class Engine:
         context_length: int,
         kv_capacity_tokens: int,
         batch_window_s: float = 0.005,
+        kv_fault: KvFault = "none",
     ):
         self.loaded = loaded
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_scale = kv_scale
+        self.kv_fault = kv_fault
         self.max_batch = max_batch
         self.context_length = context_length
         self.kv_capacity_tokens = kv_capacity_tokens
@@ -246,7 +248,7 @@ class Engine:
         """Run the prompt alone through a fresh cache; score it if echo asks; pick the first token."""
         n = len(row.prompt_ids)
         loaded = self.loaded
-        cache = KvCache(loaded.num_layers, self.kv_cache_dtype, self.kv_scale)
+        cache = KvCache(loaded.num_layers, self.kv_cache_dtype, self.kv_scale, self.kv_fault)
         ids = torch.tensor([row.prompt_ids], dtype=torch.long)
         hidden = self._hidden(ids, torch.arange(n).unsqueeze(0), torch.ones_like(ids), cache)[0]
         row.cached = n

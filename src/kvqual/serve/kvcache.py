@@ -13,6 +13,19 @@ request's prompt (amax / dtype max) and freezes it; `1.0` uses no scale, so valu
 dtype's max saturate (like an engine that fell back to scale 1.0). One scale per request,
 not per batch, keeps a request's numbers independent of what else is in the batch.
 
+Faults (fp8 only, `--kv-fault`): reproductions of silent field failures of fp8 KV caches, for
+testing that a quality gate catches them. The server still reports its fp8 dtype and scale
+setting; only `kv_fault` in /get_server_info names the fault.
+- `ignore-scale-on-read`: K/V are quantized with the calibrated scale on write, but read back
+  without multiplying by it (a kernel that ignores the scale): attention sees x / scale, i.e.
+  every K/V magnified by dtype max / amax (on SmolLM2-135M 448 / amax is ~15x to ~800x, median
+  ~36x): gibberish from the first token (docs/serve.md, "Fault modes").
+- `drop-scale`: the scale is lost and 1.0 used for writing and reading (an engine that fell back
+  to 1.0 with only a warning), while the server still says `kv_scale` dynamic; values saturate
+  at +-448 (e4m3) and those below half the smallest subnormal (2**-9 for e4m3) become 0. On
+  SmolLM2-135M nearly harmless (|K/V| <= ~29 fits e4m3 at scale 1.0); models with outlier
+  channels past 448 break.
+
 Layers also support the batch surgery continuous batching needs: rows join (left-padded to
 the batch) and leave (with the common left padding trimmed), each at most one copy into
 buffers with headroom, usually only of the rows that move.
@@ -27,8 +40,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 KvCacheDtype = Literal["bf16", "fp8_e4m3", "fp8_e5m2"]
 KvScale = Literal["dynamic", "1.0"]
+KvFault = Literal["none", "ignore-scale-on-read", "drop-scale"]
 
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
+KV_FAULTS: tuple[str, ...] = ("none", "ignore-scale-on-read", "drop-scale")
 FP8_DTYPES: dict[str, torch.dtype] = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
@@ -44,6 +59,16 @@ def resolve_kv_cache_dtype(name: str) -> KvCacheDtype:
     if resolved not in STORAGE_BYTES:
         raise ValueError(f"unknown kv cache dtype {name!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
     return resolved  # type: ignore[return-value]
+
+
+def check_kv_fault(kv_cache_dtype: KvCacheDtype, kv_fault: str) -> KvFault:
+    """A known fault, and only with an fp8 dtype (a bf16 cache has no scale to lose)."""
+    if kv_fault not in KV_FAULTS:
+        raise ValueError(f"unknown kv fault {kv_fault!r}; choose one of {', '.join(KV_FAULTS)}")
+    if kv_fault != "none" and kv_cache_dtype not in FP8_DTYPES:
+        raise ValueError(f"--kv-fault {kv_fault} needs an fp8 KV cache (--kv-cache-dtype fp8_e4m3 or fp8_e5m2), "
+                         f"not {kv_cache_dtype}")
+    return kv_fault  # type: ignore[return-value]
 
 
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
@@ -231,17 +256,20 @@ class RoundTripFp8Layer(StoredLayer):
 
     Unlike transformers' `Fp8QuantizedLayer`, the first update stores *and returns* the fp8 round
     trip; the scale is calibrated on the prompt (`dynamic`: amax / dtype max) or 1.0, then frozen;
-    out-of-range values saturate instead of becoming NaN.
+    out-of-range values saturate instead of becoming NaN. `kv_fault` injects a field failure
+    (see the module docstring).
     """
 
-    def __init__(self, fp8_dtype: torch.dtype = torch.float8_e4m3fn, kv_scale: KvScale = "dynamic"):
+    def __init__(self, fp8_dtype: torch.dtype = torch.float8_e4m3fn, kv_scale: KvScale = "dynamic",
+                 kv_fault: KvFault = "none"):
         super().__init__()
         self.storage_dtype = fp8_dtype
         self.fp8_dtype = fp8_dtype
         self.kv_scale = kv_scale
+        self.kv_fault = kv_fault
 
     def _scale_for(self, states: torch.Tensor) -> torch.Tensor:
-        if self.kv_scale == "dynamic":
+        if self.kv_scale == "dynamic" and self.kv_fault != "drop-scale":
             return dynamic_scale(states, self.fp8_dtype)
         return torch.ones((states.shape[0], 1, 1, 1), dtype=torch.float32, device=states.device)
 
@@ -252,6 +280,8 @@ class RoundTripFp8Layer(StoredLayer):
         return fp8_quantize(x, self.fp8_dtype, self._per_row[kv])
 
     def _decode(self, q: torch.Tensor, kv: int) -> torch.Tensor:
+        if self.kv_fault == "ignore-scale-on-read":
+            return q.to(self.compute_dtype)  # the stored fp8 values, never multiplied by the scale
         return fp8_dequantize(q, self._per_row[kv], self.compute_dtype)
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,12 +297,14 @@ class KvCache(Cache):
 
     layers: list[KvLayer]
 
-    def __init__(self, num_layers: int, kv_cache_dtype: KvCacheDtype, kv_scale: KvScale = "dynamic"):
+    def __init__(self, num_layers: int, kv_cache_dtype: KvCacheDtype, kv_scale: KvScale = "dynamic",
+                 kv_fault: KvFault = "none"):
+        check_kv_fault(kv_cache_dtype, kv_fault)
         if kv_cache_dtype == "bf16":
             layers: list[KvLayer] = [Bf16Layer() for _ in range(num_layers)]
         else:
             fp8 = FP8_DTYPES[kv_cache_dtype]
-            layers = [RoundTripFp8Layer(fp8, kv_scale) for _ in range(num_layers)]
+            layers = [RoundTripFp8Layer(fp8, kv_scale, kv_fault) for _ in range(num_layers)]
         super().__init__(layers=layers)
         self.kv_cache_dtype = kv_cache_dtype
 

@@ -17,7 +17,13 @@ import uvicorn
 
 from kvqual.serve.app import ServeConfig, ServerState, create_app
 from kvqual.serve.engine import Engine, SamplingParams
-from kvqual.serve.kvcache import KvScale, kv_bytes_per_token, kv_capacity_tokens, resolve_kv_cache_dtype
+from kvqual.serve.kvcache import (
+    KvScale,
+    check_kv_fault,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+    resolve_kv_cache_dtype,
+)
 from kvqual.serve.model import load_model, resolve_source
 
 DEFAULT_KV_BUDGET_MB = 256
@@ -30,17 +36,20 @@ def build_state(
     max_batch: int = 32,
     context_length: int | None = None,
     kv_budget_mb: int = DEFAULT_KV_BUDGET_MB,
+    kv_fault: str = "none",
 ) -> ServerState:
-    """Load the model (cached) and start an engine for these settings."""
+    """Load the model (cached) and start an engine for these settings (`kv_fault`: an injected
+    fp8 failure, see kvcache.py; ValueError with a bf16 cache)."""
     dtype = resolve_kv_cache_dtype(kv_cache_dtype)
+    fault = check_kv_fault(dtype, kv_fault)
     torch.set_flush_denormal(True)  # subnormals make float32 CPU matmuls ~8x slower (measured)
     loaded = load_model(resolve_source(model))
     limit = min(context_length or loaded.max_position_embeddings, loaded.max_position_embeddings)
     budget = kv_budget_mb * 1024 * 1024
     per_token = kv_bytes_per_token(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, dtype)
     capacity = kv_capacity_tokens(budget, per_token)
-    config = ServeConfig(dtype, kv_scale, max_batch, limit, capacity, budget)
-    engine = Engine(loaded, dtype, kv_scale, max_batch, limit, capacity)
+    config = ServeConfig(dtype, kv_scale, max_batch, limit, capacity, budget, fault)
+    engine = Engine(loaded, dtype, kv_scale, max_batch, limit, capacity, kv_fault=fault)
     engine.start()
     warm_up(engine)
     return ServerState(loaded, engine, config)
@@ -71,9 +80,10 @@ def running_server(
     kv_scale: KvScale = "dynamic",
     max_batch: int = 32,
     context_length: int | None = None,
+    kv_fault: str = "none",
 ) -> Iterator[str]:
     """Serve in this process on a background thread; yields the base URL (`http://host:port`, no /v1)."""
-    state = build_state(model, kv_cache_dtype, kv_scale, max_batch, context_length)
+    state = build_state(model, kv_cache_dtype, kv_scale, max_batch, context_length, kv_fault=kv_fault)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -1,0 +1,21 @@
+"""`kvqual serve` flags that are refused before any model is loaded."""
+
+import pytest
+
+from kvqual.serve.cli import main
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "auto"])
+def test_kv_fault_without_fp8_is_refused_in_one_line(dtype, capsys):
+    assert main(["--kv-cache-dtype", dtype, "--kv-fault", "ignore-scale-on-read"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("kvqual serve: --kv-fault ignore-scale-on-read needs an fp8 KV cache")
+    assert "not bf16" in err
+
+
+def test_unknown_kv_fault_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--kv-cache-dtype", "fp8_e4m3", "--kv-fault", "flip-bits"])
+    assert exc.value.code == 2
+    assert "ignore-scale-on-read" in capsys.readouterr().err  # argparse lists the choices
