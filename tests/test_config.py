@@ -1,3 +1,5 @@
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,9 +90,19 @@ def test_missing_file(tmp_path):
 def test_builtin_targets_when_no_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None)
-    assert cfg.builtin and set(cfg.targets) == {"bf16", "fp8", "fp8_e5m2"}
+    assert cfg.builtin and set(cfg.targets) == {"bf16", "fp8", "fp8_e5m2", "fp8_broken"}
     assert cfg.target("fp8").kv_cache_dtype == "fp8_e4m3"
     assert "--kv-cache-dtype fp8_e4m3" in builtin_targets()["fp8"].launch
+
+
+def test_builtin_fp8_broken_launches_the_ignore_scale_fault():
+    t = builtin_targets()["fp8_broken"]
+    assert t.kv_cache_dtype == "fp8_e4m3"  # what the server reports too: the fault is silent
+    argv = shlex.split(t.with_port(31234).launch)
+    assert argv[0] == sys.executable and argv[1:4] == ["-m", "kvqual", "serve"]
+    assert argv[4:] == ["--kv-cache-dtype", "fp8_e4m3", "--kv-fault", "ignore-scale-on-read", "--port", "31234"]
+    assert t.identity()["builtin"] == "kvqual serve --kv-cache-dtype fp8_e4m3 --kv-fault ignore-scale-on-read"
+    assert t.identity() != builtin_targets()["fp8"].identity()  # never shares finished runs with fp8
 
 
 def test_builtin_identity_does_not_depend_on_the_interpreter_path(monkeypatch):

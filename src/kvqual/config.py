@@ -233,18 +233,21 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
 
 
 def builtin_targets() -> dict[str, Target]:
-    """bf16 / fp8 (e4m3) / fp8_e5m2 on the reference server, launched on a free port."""
+    """bf16 / fp8 (e4m3) / fp8_e5m2 on the reference server, launched on a free port; and
+    `fp8_broken`, e4m3 with a kernel that ignores the scale on read (`--kv-fault
+    ignore-scale-on-read`): a silent field failure, reported as fp8_e4m3, that a comparison must FAIL."""
     py = shlex.quote(sys.executable)
     targets = {}
-    for name, dtype in (("bf16", "bf16"), ("fp8", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2")):
+    for name, dtype, extra in (("bf16", "bf16", ""), ("fp8", "fp8_e4m3", ""), ("fp8_e5m2", "fp8_e5m2", ""),
+                               ("fp8_broken", "fp8_e4m3", " --kv-fault ignore-scale-on-read")):
         targets[name] = Target(
             name=name,
             base_urls=("http://127.0.0.1:{port}/v1",),
-            launch=f"{py} -m kvqual serve --kv-cache-dtype {dtype} --port {{port}}",
+            launch=f"{py} -m kvqual serve --kv-cache-dtype {dtype}{extra} --port {{port}}",
             kv_cache_dtype=dtype,
             # the interpreter's path is not part of what was run: `kvqual` and `python -m kvqual`
             # (or another checkout's venv) must find the same finished runs
-            pinned_identity={"name": name, "builtin": f"kvqual serve --kv-cache-dtype {dtype}",
+            pinned_identity={"name": name, "builtin": f"kvqual serve --kv-cache-dtype {dtype}{extra}",
                              "kv_cache_dtype": dtype},
         )
     return targets
