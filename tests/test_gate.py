@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
 
+from kvqual.compare import stats as st
 from kvqual.errors import ConfigError
 from kvqual.gate import (
-    AccuracyPairs, GateInputs, GatePolicy, LengthPairs, RequestCounts, TokenPairs, Verdict, decide,
+    AccuracyPairs, GateInputs, GatePolicy, LengthPairs, RatePairs, RequestCounts, TokenCoverage, TokenPairs, Verdict,
+    decide, decide_sequence,
 )
 
 RNG = np.random.default_rng
@@ -48,6 +51,10 @@ def _ok_requests(n: int) -> dict[str, RequestCounts]:
     return {"base_requests": RequestCounts(0, n), "cand_requests": RequestCounts(0, n)}
 
 
+NO_TF = TokenCoverage(requested=False)  # the user turned teacher forcing off: token criteria not required
+STRICT = GatePolicy(mode="strict")
+
+
 def test_policy_defaults_and_from_mapping() -> None:
     assert GatePolicy.from_mapping({}, "kvqual.toml") == GatePolicy()
     p = GatePolicy.from_mapping({"alpha": 0.1, "accuracy_margin": 0.02, "min_speedup": 1}, "k.toml")
@@ -62,6 +69,8 @@ def test_policy_defaults_and_from_mapping() -> None:
     ({"accuracy_margin": -0.01}, "gate.accuracy_margin", "between 0 and 1"),
     ({"bootstrap_resamples": 1.5}, "gate.bootstrap_resamples", "expected an integer"),
     ({"bootstrap_resamples": 10}, "gate.bootstrap_resamples", "at least 100"),
+    ({"looks": 0}, "gate.looks", "at least 1"),
+    ({"mode": "lenient"}, "gate.mode", "strict"),
 ])
 def test_policy_from_mapping_rejects_bad_values(data: dict, key: str, words: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -79,10 +88,11 @@ def test_clear_pass_with_everything_present() -> None:
     c = _by_name(v)
     assert all(x.status == "pass" for x in c.values())
     assert c["speedup"].estimate == pytest.approx(2.0, rel=0.05)
+    assert c["accuracy[s]"].role == "guard" and c["accuracy_pooled"].role == "primary"
 
 
 def test_large_accuracy_regression_fails_with_flips_reported() -> None:
-    inputs = GateInputs(accuracy=(_accuracy(300, 60, 10),), **_ok_requests(300))
+    inputs = GateInputs(accuracy=(_accuracy(300, 60, 10),), coverage=NO_TF, **_ok_requests(300))
     v = decide(GatePolicy(), inputs, RNG(0))
     acc = _by_name(v)["accuracy[s]"]
     assert v.verdict == "FAIL" and v.exit_code == 1
@@ -92,30 +102,97 @@ def test_large_accuracy_regression_fails_with_flips_reported() -> None:
 
 
 def test_small_sample_straddling_margin_is_inconclusive_with_n_more() -> None:
-    inputs = GateInputs(accuracy=(_accuracy(60, 5, 3),), **_ok_requests(60))
+    inputs = GateInputs(accuracy=(_accuracy(60, 5, 3),), coverage=NO_TF, **_ok_requests(60))
     v = decide(GatePolicy(), inputs, RNG(0))
-    acc = _by_name(v)["accuracy[s]"]
+    c = _by_name(v)
+    pooled, acc = c["accuracy_pooled"], c["accuracy[s]"]
     assert v.verdict == "INCONCLUSIVE" and v.exit_code == 3
-    assert acc.status == "inconclusive" and acc.ci_low < -0.05 < acc.ci_high
-    assert acc.n_more is not None and acc.n_more > 0 and "accuracy[s]" in v.reason
+    assert pooled.status == "inconclusive" and pooled.ci_low < -0.05 < pooled.ci_high
+    assert pooled.n_more is not None and pooled.n_more > 0 and "accuracy_pooled (~" in v.reason
+    assert acc.status == "inconclusive" and "accuracy[s]" not in v.reason  # a guard does not hold PASS back
 
 
 def test_no_flips_on_a_small_suite_still_asks_for_a_real_number_of_items() -> None:
     # 30 items, no flips: Tango's 90% interval is about ±0.083, so -0.05 is not shown; the
     # observed flip rate (0) must not promise "0 more items"
-    inputs = GateInputs(accuracy=(_accuracy(30, 0, 0),), **_ok_requests(30))
-    acc = _by_name(decide(GatePolicy(), inputs, RNG(0)))["accuracy[s]"]
+    inputs = GateInputs(accuracy=(_accuracy(30, 0, 0),), coverage=NO_TF, **_ok_requests(30))
+    acc = _by_name(decide(STRICT, inputs, RNG(0)))["accuracy[s]"]
     assert acc.status == "inconclusive" and acc.ci_low < -0.05
     assert 30 <= acc.n_more <= 200
 
 
-def test_kl_and_top1_beyond_floor_fail_at_e5m2_level() -> None:
+def test_guards_fail_a_collapsed_suite_but_do_not_block_pass() -> None:
+    big, small = _accuracy(400, 4, 4, "big"), _accuracy(20, 0, 0, "small")
+    v = decide(GatePolicy(), GateInputs(accuracy=(big, small), coverage=NO_TF, **_ok_requests(420)), RNG(0))
+    assert v.verdict == "PASS", v.reason  # pooled shows ±5 points; the 20-item suite cannot, and need not
+    assert _by_name(v)["accuracy[small]"].status == "inconclusive" and "guard" in v.reason
+    strict = decide(STRICT, GateInputs(accuracy=(big, small), coverage=NO_TF, **_ok_requests(420)), RNG(0))
+    assert strict.verdict == "INCONCLUSIVE" and "accuracy[small]" in strict.reason
+    collapsed = _accuracy(40, 20, 0, "small")  # one suite loses half its answers; the pool barely moves
+    v = decide(GatePolicy(), GateInputs(accuracy=(_accuracy(2000, 10, 10, "big"), collapsed), coverage=NO_TF,
+                                        **_ok_requests(2040)), RNG(0))
+    assert v.verdict == "FAIL" and _by_name(v)["accuracy[small]"].status == "fail"
+    assert _by_name(v)["accuracy_pooled"].status == "pass"
+
+
+def test_pooled_accuracy_is_stratified_by_suite() -> None:
+    a, b = _accuracy(100, 10, 0, "a"), _accuracy(300, 0, 0, "b")
+    pooled = _by_name(decide(GatePolicy(), GateInputs(accuracy=(a, b), coverage=NO_TF), RNG(0)))["accuracy_pooled"]
+    assert pooled.estimate == pytest.approx(-10 / 400)  # weights = each suite's share of items
+    # the stratified SE: only suite a varies, so SE = (100/400)·SE_a, floored at the pooled table's score SE
+    d = np.r_[-np.ones(10), np.zeros(90)]
+    se_a = d.std(ddof=1) / np.sqrt(100)
+    z = 1.6448536269514722
+    tango = st.tango_ci(st.PairedCounts(a=150, b=10, c=0, d=240), level=0.9)
+    se = max(0.25 * se_a, (tango.high - tango.low) / (2 * z))
+    assert pooled.ci_low == pytest.approx(pooled.estimate - z * se, rel=1e-9)
+    assert "stratified over 2 suites" in pooled.detail
+
+
+def test_repeats_are_one_unit_each() -> None:
+    # the same 200 items sent 3 times at temperature 0 (identical repeats) is still 200 items of evidence
+    once = _accuracy(200, 20, 10)
+    clusters = np.repeat([f"item:s\x00{i}" for i in range(200)], 3)
+    thrice = AccuracyPairs("s", np.repeat(once.base_correct, 3), np.repeat(once.cand_correct, 3), clusters)
+    one = _by_name(decide(STRICT, GateInputs(accuracy=(once,), coverage=NO_TF), RNG(0)))["accuracy[s]"]
+    three = _by_name(decide(STRICT, GateInputs(accuracy=(thrice,), coverage=NO_TF), RNG(0)))["accuracy[s]"]
+    assert three.n == 200 and one.n == 200 and three.estimate == pytest.approx(one.estimate)
+    assert (three.ci_high - three.ci_low) == pytest.approx(one.ci_high - one.ci_low, rel=0.1)
+    tokens = _tokens(100)
+    rep = TokenPairs(*(np.repeat(getattr(tokens, f), 3) for f in ("kl_cand", "kl_floor", "top1_cand", "top1_floor")),
+                     clusters=np.repeat([f"item:s\x00{i}" for i in range(100)], 3))
+    kl1 = _by_name(decide(GatePolicy(), GateInputs(tokens=tokens), RNG(0)))["kl_excess"]
+    kl3 = _by_name(decide(GatePolicy(), GateInputs(tokens=rep), RNG(0)))["kl_excess"]
+    assert kl3.n == 100 and (kl3.ci_high - kl3.ci_low) == pytest.approx(kl1.ci_high - kl1.ci_low, rel=0.05)
+
+
+def test_kl_and_top1_beyond_floor_fail_far_out_and_pass_near_the_floor() -> None:
     v = decide(GatePolicy(), GateInputs(tokens=_tokens(200, kl_shift=0.054, top1_shift=0.12)), RNG(0))
     c = _by_name(v)
     assert c["kl_excess"].status == "fail" and c["top1_loss"].status == "fail" and v.verdict == "FAIL"
-    v2 = decide(GatePolicy(), GateInputs(tokens=_tokens(200, kl_shift=0.016, top1_shift=0.054)), RNG(0))
+    v2 = decide(GatePolicy(), GateInputs(tokens=_tokens(200, kl_shift=0.004, top1_shift=0.01)), RNG(0))
     c2 = _by_name(v2)
     assert c2["kl_excess"].status == "pass" and c2["top1_loss"].status == "pass"
+
+
+def test_a_missing_token_criterion_is_never_a_pass() -> None:
+    good = dict(accuracy=(_accuracy(2000, 20, 20),), **_ok_requests(2000))
+    # teacher forcing requested, nothing came back: the token criteria are open, so no PASS
+    v = decide(GatePolicy(), GateInputs(**good, coverage=TokenCoverage(True, 2000, 0, Counter(
+        {"chat prompt cannot be rendered": 2000}))), RNG(0))
+    c = _by_name(v)
+    assert v.verdict == "INCONCLUSIVE" and c["kl_excess"].status == "inconclusive"
+    assert "chat prompt cannot be rendered: 2000" in c["kl_excess"].detail
+    # most pairs usable but below min_token_coverage: shown, not decided
+    cov = TokenCoverage(True, 400, 200, Counter({"prompt/completion boundary merged into one token": 200}))
+    v = decide(GatePolicy(), GateInputs(**good, tokens=_tokens(200), coverage=cov), RNG(0))
+    c = _by_name(v)
+    assert v.verdict == "INCONCLUSIVE" and c["kl_excess"].status == "inconclusive"
+    assert c["kl_excess"].estimate is not None and "50% < min_token_coverage 80%" in c["kl_excess"].detail
+    # teacher forcing turned off by the user: not evaluated, and the rest may PASS
+    v = decide(GatePolicy(), GateInputs(**good, coverage=NO_TF), RNG(0))
+    assert v.verdict == "PASS" and _by_name(v)["kl_excess"].status == "not_evaluated"
+    assert "--no-teacher-forcing" in _by_name(v)["kl_excess"].detail
 
 
 def test_bootstrap_option_agrees_with_t_on_clear_cases() -> None:
@@ -130,19 +207,35 @@ def test_length_blowup_fails_and_small_drift_passes() -> None:
     assert _by_name(decide(GatePolicy(), GateInputs(lengths=_lengths(200, 1.02)), RNG(0)))["length_ratio"].status == "pass"
 
 
+def test_loop_guard_fails_runaway_loops_beyond_the_floor() -> None:
+    n = 120
+    base = np.zeros(n)
+    cand = (np.arange(n) % 3 == 0).astype(float)  # a third of the answers now loop
+    floor_base, floor_aa = np.zeros(30), np.zeros(30)
+    rp = RatePairs("loop", base, cand, None, floor_base, floor_aa)
+    v = decide(GatePolicy(), GateInputs(rates=(rp,), coverage=NO_TF), RNG(0))
+    c = _by_name(v)["loop_excess"]
+    assert v.verdict == "FAIL" and c.status == "fail" and c.role == "guard"
+    assert c.estimate == pytest.approx(1 / 3) and "A/A floor +0.000 over 30 pairs" in c.detail
+    same = RatePairs("loop", base, base, None, floor_base, floor_aa)
+    c = _by_name(decide(GatePolicy(), GateInputs(rates=(same,), coverage=NO_TF), RNG(0)))["loop_excess"]
+    assert c.status == "pass" and c.estimate == 0
+
+
 def test_missing_parts_are_not_evaluated_and_do_not_pass() -> None:
-    v = decide(GatePolicy(), GateInputs(), RNG(0))
+    v = decide(GatePolicy(), GateInputs(coverage=NO_TF), RNG(0))
     assert v.verdict == "INCONCLUSIVE"
     assert all(c.status == "not_evaluated" for c in v.criteria)
-    v2 = decide(GatePolicy(), GateInputs(accuracy=(_accuracy(2000, 20, 20),), **_ok_requests(2000)), RNG(0))
+    v2 = decide(GatePolicy(), GateInputs(accuracy=(_accuracy(2000, 20, 20),), coverage=NO_TF, **_ok_requests(2000)),
+                RNG(0))
     c = _by_name(v2)
-    assert v2.verdict == "PASS"  # no teacher forcing: token criteria reported, not required
+    assert v2.verdict == "PASS"  # teacher forcing off: token criteria reported, not required
     assert c["kl_excess"].status == "not_evaluated" and c["length_ratio"].status == "not_evaluated"
 
 
 def test_too_many_failed_requests_is_never_a_pass() -> None:
     n = 2000
-    good = dict(accuracy=(_accuracy(n, 20, 20),))
+    good = dict(accuracy=(_accuracy(n, 20, 20),), coverage=NO_TF)
     v = decide(GatePolicy(), GateInputs(**good, base_requests=RequestCounts(0, n), cand_requests=RequestCounts(30, n)), RNG(0))
     assert v.verdict != "PASS" and _by_name(v)["failed_rate_candidate"].status in {"fail", "inconclusive"}
     v = decide(GatePolicy(), GateInputs(**good, base_requests=RequestCounts(60, n), cand_requests=RequestCounts(0, n)), RNG(0))
@@ -152,39 +245,56 @@ def test_too_many_failed_requests_is_never_a_pass() -> None:
 
 
 def test_holm_adjustment_is_applied_across_criteria() -> None:
-    # a lone marginal accuracy failure (p_fail just under alpha) becomes inconclusive with more criteria
-    inputs_one = GateInputs(accuracy=(_accuracy(400, 50, 15),))
-    p_raw = _by_name(decide(GatePolicy(), inputs_one, RNG(0)))["accuracy[s]"].p_fail
+    # a marginal accuracy failure: alone in the fail family it fails; among more criteria Holm holds it back
+    inputs_one = GateInputs(accuracy=(_accuracy(400, 50, 15),), coverage=NO_TF)
+    c_one = _by_name(decide(GatePolicy(), inputs_one, RNG(0)))
+    p_raw = c_one["accuracy[s]"].p_fail
     assert 0.01 < p_raw < 0.05
-    many = GateInputs(accuracy=(_accuracy(400, 50, 15), _accuracy(400, 20, 20, "t"), _accuracy(400, 21, 20, "u")))
+    many = GateInputs(accuracy=(_accuracy(400, 50, 15), _accuracy(400, 20, 20, "t"), _accuracy(400, 21, 20, "u")),
+                      coverage=NO_TF)
     acc = _by_name(decide(GatePolicy(), many, RNG(0)))["accuracy[s]"]
-    assert acc.p_fail_holm == pytest.approx(min(1.0, 3 * p_raw)) and acc.status != "fail"
+    assert acc.p_fail_holm > p_raw and acc.status != "fail"
 
 
 def test_clustered_accuracy_uses_cluster_robust_interval() -> None:
     acc = _accuracy(200, 30, 10)
-    clustered = AccuracyPairs("s", acc.base_correct, acc.cand_correct, clusters=np.arange(200) // 10)
-    plain = _by_name(decide(GatePolicy(), GateInputs(accuracy=(acc,)), RNG(0)))["accuracy[s]"]
-    wide = _by_name(decide(GatePolicy(), GateInputs(accuracy=(clustered,)), RNG(0)))["accuracy[s]"]
+    clustered = AccuracyPairs("s", acc.base_correct, acc.cand_correct, clusters=[f"ctx:{i // 10}" for i in range(200)])
+    plain = _by_name(decide(STRICT, GateInputs(accuracy=(acc,)), RNG(0)))["accuracy[s]"]
+    wide = _by_name(decide(STRICT, GateInputs(accuracy=(clustered,)), RNG(0)))["accuracy[s]"]
     assert "20 contexts" in wide.detail and (wide.ci_high - wide.ci_low) > (plain.ci_high - plain.ci_low)
+    assert wide.n == 20 and wide.unit == "contexts"
 
 
 def test_clustered_accuracy_without_flips_is_not_certain() -> None:
-    # 24 questions on 12 documents, nothing flips: the cluster-robust SE is 0, but 24 items cannot
-    # show accuracy within 5 points (the unclustered score test agrees); 480 such items can
+    # 24 questions on 12 documents, nothing flips: the cluster-robust SE is 0, but 12 documents cannot
+    # show accuracy within 5 points; 480 documents can
     def verdict(n: int):
         same = np.arange(n) % 2 == 0
-        pairs = AccuracyPairs("s", same, same, clusters=np.arange(n) // 2)
-        return _by_name(decide(GatePolicy(), GateInputs(accuracy=(pairs,)), RNG(0)))["accuracy[s]"]
+        pairs = AccuracyPairs("s", same, same, clusters=[f"ctx:{i // 2}" for i in range(n)])
+        return _by_name(decide(STRICT, GateInputs(accuracy=(pairs,)), RNG(0)))["accuracy[s]"]
 
-    small, large = verdict(24), verdict(480)
+    small, large = verdict(24), verdict(960)
     assert small.status == "inconclusive" and small.ci_low < -0.05 and "floored" in small.detail
-    assert small.n_more is not None and small.n_more > 24
-    plain = _by_name(decide(GatePolicy(), GateInputs(accuracy=(_accuracy(24, 0, 0),)), RNG(0)))["accuracy[s]"]
-    assert plain.status == "inconclusive" and small.ci_low == pytest.approx(plain.ci_low, abs=0.02)
+    assert small.n_more is not None and small.n_more > 12 and small.unit == "contexts"
     assert large.status == "pass"
     two_documents = verdict(4)  # t on 1 degree of freedom: the interval is clipped to [-1, 1]
     assert two_documents.ci_low == -1.0 and two_documents.ci_high == 1.0
+
+
+def test_sequential_looks_test_at_the_pocock_level_and_stop_when_decided() -> None:
+    pol = GatePolicy(looks=4)
+    looks = [(n, GateInputs(accuracy=(_accuracy(n, 0, 0),), tokens=_tokens(n), lengths=_lengths(n),
+                            **_ok_requests(n))) for n in (40, 80, 120, 160)]
+    v = decide_sequence(pol, looks, 0)
+    assert v.verdict == "PASS" and 1 <= len(v.looks) < 4, [r["verdict"] for r in v.looks]
+    c = _by_name(v)
+    assert c["kl_excess"].level == pytest.approx(0.0193, abs=2e-4)  # Pocock nominal level, K = 4, α = 0.05
+    assert v.to_json()["sequential"]["looks"][0]["criteria"]["kl_excess"]["status"] == "pass"
+    # a primary criterion shown inside at an earlier look stays shown
+    first = v.looks[0]["criteria"]
+    assert all(first[k]["status"] == "pass" for k in ("kl_excess", "top1_loss"))
+    fixed = decide(GatePolicy(looks=1), looks[0][1], RNG(0))
+    assert _by_name(fixed)["kl_excess"].level == 0.05
 
 
 def test_inputs_reject_mismatched_arrays() -> None:
@@ -199,4 +309,5 @@ def test_verdict_to_json_is_strict_json() -> None:
     data = json.loads(json.dumps(v.to_json(), allow_nan=False))
     assert data["verdict"] == "FAIL" and data["exit_code"] == 1
     assert data["policy"]["accuracy_margin"] == 0.05
-    assert {c["name"] for c in data["criteria"]} >= {"accuracy", "kl_excess", "length_ratio", "failed_rate_candidate"}
+    assert {c["name"] for c in data["criteria"]} >= {"accuracy", "accuracy_pooled", "kl_excess", "length_ratio",
+                                                      "failed_rate_candidate"}

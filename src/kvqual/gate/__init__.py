@@ -1,0 +1,23 @@
+"""The gate: policy + per-unit paired inputs → criteria → PASS / FAIL / INCONCLUSIVE.
+
+    policy.py      `[gate]`: bounds, α, mode (default | strict), planned looks
+    inputs.py      the paired arrays it judges, every unit tagged with its cluster (item or context)
+    criteria.py    one function per criterion: estimate, interval, pass and fail tests, n_more
+    sequential.py  Pocock nominal levels that keep α over K looks
+    verdict.py     Holm over fail tests, intersection–union over primary criteria, the replay of looks
+
+Formulas and the defaults' reasons: docs/statistics.md; error rates: docs/calibration.md.
+"""
+
+from kvqual.gate.criteria import Criterion, Direction, Role, Status
+from kvqual.gate.inputs import (AccuracyPairs, GateInputs, LengthPairs, RatePairs, RequestCounts, TokenCoverage,
+                                TokenPairs)
+from kvqual.gate.policy import GatePolicy
+from kvqual.gate.sequential import look_sizes, nominal_alpha, pocock_critical
+from kvqual.gate.verdict import EXIT_CODES, Verdict, combine, decide, decide_sequence
+
+__all__ = [
+    "AccuracyPairs", "Criterion", "Direction", "EXIT_CODES", "GateInputs", "GatePolicy", "LengthPairs",
+    "RatePairs", "RequestCounts", "Role", "Status", "TokenCoverage", "TokenPairs", "Verdict", "combine",
+    "decide", "decide_sequence", "look_sizes", "nominal_alpha", "pocock_critical",
+]

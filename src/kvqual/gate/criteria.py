@@ -1,0 +1,374 @@
+"""Each criterion: its estimate, interval, pass and fail tests, and what would decide it.
+
+Pure functions of the gate's inputs. `level` is the one-sided level each test runs at: α for
+a fixed-n compare, the sequential nominal level α′ at each look of a sequential one
+(gate/sequential.py). Intervals shown are (1 − 2·level) two-sided, so each end is the
+one-sided bound its pass test uses. Every SE is cluster-robust over items (or shared
+contexts): repeats of an item never add independent units. docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+from kvqual.compare import stats as st
+from kvqual.gate.inputs import (AccuracyPairs, LengthPairs, RatePairs, RequestCounts, TokenCoverage, TokenPairs,
+                                n_clusters)
+from kvqual.gate.policy import GatePolicy
+
+Status = Literal["pass", "fail", "inconclusive", "not_evaluated"]
+Direction = Literal["at_least", "at_most", "within"]
+Role = Literal["primary", "guard"]
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One judged quantity: estimate, interval, bound, tests and status.
+
+    `role`: a primary criterion must be shown inside its bound for PASS; a guard can only
+    FAIL the candidate (shown outside), its being undecided never blocks PASS.
+    `n` counts independent units (clusters); `unit` names them ("items" or "contexts").
+    """
+
+    name: str
+    suite: str | None
+    status: Status
+    direction: Direction
+    bound_low: float | None
+    bound_high: float | None
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ci_level: float | None = None
+    p_pass: float | None = None  # one-sided: H0 outside the bound
+    p_fail: float | None = None  # one-sided: H0 inside the bound
+    p_fail_holm: float | None = None
+    n: int = 0
+    n_more: int | None = None
+    detail: str = ""
+    role: Role = "primary"
+    unit: str = "items"
+    level: float | None = None  # the one-sided level its tests ran at (α, or α′ at a sequential look)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}[{self.suite}]" if self.suite else self.name
+
+
+def not_evaluated(name: str, direction: Direction, low: float | None, high: float | None, detail: str,
+                  suite: str | None = None, role: Role = "primary") -> Criterion:
+    return Criterion(name, suite, "not_evaluated", direction, low, high, detail=detail, role=role)
+
+
+def _cdf(x: float, df: float) -> float:
+    """t (or normal when df is inf) CDF that accepts ±inf."""
+    return float(stats.norm.cdf(x) if math.isinf(df) else stats.t.cdf(x, df))
+
+
+def _quantile(level: float, df: float) -> float:
+    return float(stats.norm.isf(level) if math.isinf(df) else stats.t.isf(level, df))
+
+
+def _standardized(diff: float, se: float) -> float:
+    if se > 0:
+        return diff / se
+    return 0.0 if diff == 0 else math.copysign(math.inf, diff)
+
+
+def _n_more(est: float, sd: float, n: int, bound: float, inside: bool, level: float, m: int) -> int | None:
+    """Clusters to decide, inverting the test used: pass side at `level`, fail side at Holm's
+    worst level/m; None when the estimate sits on the bound."""
+    more = st.n_more_to_decide(est, sd, n, bound, level if inside else level / max(m, 1))
+    return None if more is None else max(1, more)  # asked only of undecided criteria: at least one more
+
+
+CONTEXT_PREFIX = "ctx:"  # cluster ids of shared contexts; items are "item:<suite>\x00<id>" (compare/metrics.py)
+
+
+def _unit(clusters: np.ndarray | None, n_units: int) -> tuple[int, str]:
+    """Independent units and their name: "contexts" when some cluster is a shared context."""
+    g = n_clusters(clusters, n_units)
+    if clusters is not None and any(str(c).startswith(CONTEXT_PREFIX) for c in clusters):
+        return g, "contexts"
+    return g, "items"
+
+
+def one_sided(name: str, suite: str | None, direction: Direction, bound: float, est: float, se: float, df: float,
+              n: int, level: float, detail: str, m: int, role: Role = "primary", unit: str = "items") -> Criterion:
+    """A criterion judged by a t/normal test of est against one bound."""
+    zed = _standardized(est - bound, se)
+    if direction == "at_most":  # inside is below the bound
+        p_pass, p_fail = _cdf(zed, df), 1.0 - _cdf(zed, df)
+    else:
+        p_pass, p_fail = 1.0 - _cdf(zed, df), _cdf(zed, df)
+    q = _quantile(level, df)
+    inside = (est > bound) if direction == "at_least" else (est < bound)
+    return Criterion(
+        name, suite, "inconclusive", direction,
+        bound if direction == "at_least" else None, bound if direction == "at_most" else None,
+        est, est - q * se, est + q * se, 1 - 2 * level, p_pass, p_fail, None, n,
+        _n_more(est, se * math.sqrt(n), n, bound, inside, level, m), detail, role, unit, level,
+    )
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+def _cluster_counts(pairs: AccuracyPairs) -> st.PairedCounts:
+    """The paired table with each cluster counted once (its units' shares of each cell)."""
+    b, c = pairs.base_correct, pairs.cand_correct
+    if pairs.clusters is None:
+        return st.paired_counts(b, c)
+    g = np.unique(pairs.clusters.astype(str), return_inverse=True)[1]
+    size = np.bincount(g).astype(float)
+    cell = lambda mask: float(np.sum(np.bincount(g, weights=mask.astype(float)) / size))  # noqa: E731
+    return st.PairedCounts(cell(b & c), cell(b & ~c), cell(~b & c), cell(~b & ~c))  # type: ignore[arg-type]
+
+
+def _score_se(counts: st.PairedCounts, level: float) -> float:
+    """Tango score interval's half-width as an SE: honest where the plain SE is not (no flips → 0)."""
+    ci = st.tango_ci(counts, level=1 - 2 * level)
+    return (ci.high - ci.low) / (2 * float(stats.norm.isf(level)))
+
+
+def _accuracy_detail(pairs: AccuracyPairs) -> str:
+    counts = st.paired_counts(pairs.base_correct, pairs.cand_correct)
+    n = counts.n
+    return (f"base {(counts.a + counts.b) / n:.1%} → cand {(counts.a + counts.c) / n:.1%}; "
+            f"flips right→wrong {counts.b}, wrong→right {counts.c}; "
+            f"McNemar exact p={st.mcnemar_exact_p(counts.b, counts.c):.3g}")
+
+
+def accuracy(pairs: AccuracyPairs, policy: GatePolicy, level: float, m: int, role: Role) -> Criterion:
+    """Non-inferiority of cand − base accuracy at −δ in one suite: Tango score test when every
+    unit is its own item; otherwise the cluster-robust paired mean with its SE floored at the
+    score SE of the cluster-level table (with no flips the robust SE is 0)."""
+    delta = policy.accuracy_margin
+    n_units = pairs.base_correct.size
+    if n_units == 0:
+        return not_evaluated("accuracy", "at_least", -delta, None, "no scored pairs", pairs.suite, role)
+    detail = _accuracy_detail(pairs)
+    g, unit = _unit(pairs.clusters, n_units)
+    if g == n_units:
+        counts = st.paired_counts(pairs.base_correct, pairs.cand_correct)
+        ci = st.tango_ci(counts, level=1 - 2 * level)
+        zs = st.tango_z(counts, -delta)
+        est = counts.difference
+        score_se = (ci.high - ci.low) / (2 * float(stats.norm.isf(level)))
+        sd = max(math.sqrt(max((counts.b + counts.c) / g - est**2, 0.0)), score_se * math.sqrt(g))
+        return Criterion("accuracy", pairs.suite, "inconclusive", "at_least", -delta, None, est, ci.low, ci.high,
+                         ci.level, float(stats.norm.sf(zs)), float(stats.norm.cdf(zs)), None, g,
+                         _n_more(est, sd, g, -delta, est > -delta, level, m), detail, role, unit, level)
+    if g < 2:
+        return not_evaluated("accuracy", "at_least", -delta, None, detail + "; fewer than 2 independent units",
+                             pairs.suite, role)
+    diff = pairs.cand_correct.astype(float) - pairs.base_correct.astype(float)
+    mc = st.mean_ci(diff, pairs.clusters.astype(str))
+    floor = _score_se(_cluster_counts(pairs), level)
+    note = f"; cluster-robust over {g} {unit}" + (" (SE floored at the cluster table's score SE)"
+                                                  if floor > mc.se else "")
+    crit = one_sided("accuracy", pairs.suite, "at_least", -delta, mc.estimate, max(mc.se, floor), mc.df, g, level,
+                     detail + note, m, role, unit)
+    # a t interval on few clusters can pass ±1; a difference of proportions cannot
+    return dataclasses.replace(crit, ci_low=max(-1.0, crit.ci_low), ci_high=min(1.0, crit.ci_high))
+
+
+def pooled_accuracy(all_pairs: tuple[AccuracyPairs, ...], policy: GatePolicy, level: float, m: int) -> Criterion:
+    """One non-inferiority test over every scored suite, stratified by suite: Δ = Σ w_s Δ_s with
+    w_s the suite's share of clusters, SE² = Σ w_s² SE_s² (cluster-robust within each suite),
+    floored at the Tango score SE of the pooled cluster-level table; normal reference."""
+    delta = policy.accuracy_margin
+    usable = [p for p in all_pairs if p.base_correct.size]
+    if not usable:
+        return not_evaluated("accuracy", "at_least", -delta, None, "no scored suite")
+    sizes = np.array([n_clusters(p.clusters, p.base_correct.size) for p in usable], float)
+    weights = sizes / sizes.sum()
+    est, var = 0.0, 0.0
+    for w, p, g in zip(weights, usable, sizes):
+        d = p.cand_correct.astype(float) - p.base_correct.astype(float)
+        est += w * float(d.mean())
+        if g >= 2:
+            var += w**2 * st.mean_ci(d, None if p.clusters is None else p.clusters.astype(str)).se ** 2
+    tables = [_cluster_counts(p) for p in usable]
+    pooled = st.PairedCounts(*(sum(getattr(t, k) for t in tables) for k in "abcd"))  # type: ignore[arg-type]
+    floor = _score_se(pooled, level)
+    se = max(math.sqrt(var), floor)
+    G = int(sizes.sum())
+    counts = st.paired_counts(np.concatenate([p.base_correct for p in usable]),
+                              np.concatenate([p.cand_correct for p in usable]))
+    n = counts.n
+    detail = (f"stratified over {len(usable)} suites; base {(counts.a + counts.b) / n:.1%} → cand "
+              f"{(counts.a + counts.c) / n:.1%}; flips right→wrong {counts.b}, wrong→right {counts.c}; "
+              f"McNemar exact p={st.mcnemar_exact_p(counts.b, counts.c):.3g}")
+    units = {_unit(p.clusters, p.base_correct.size)[1] for p in usable}
+    crit = one_sided("accuracy", None, "at_least", -delta, est, se, math.inf, G, level, detail, m, "primary",
+                     "contexts" if "contexts" in units else "items")
+    return dataclasses.replace(crit, name="accuracy_pooled", ci_low=max(-1.0, crit.ci_low),
+                               ci_high=min(1.0, crit.ci_high))
+
+
+# ---------------------------------------------------------------- lengths, rates
+
+
+def lengths(lp: LengthPairs, floor: LengthPairs | None, policy: GatePolicy, level: float, m: int) -> Criterion:
+    """Ratio of mean lengths cand/base within 1 ± drift: two one-sided tests on the log scale."""
+    lo, hi = 1 - policy.max_length_drift, 1 + policy.max_length_drift
+    g, unit = _unit(lp.clusters, lp.base.size)
+    if g < 2 or lp.base.mean() <= 0 or lp.cand.mean() <= 0:
+        return Criterion("length_ratio", None, "not_evaluated", "within", lo, hi, n=g,
+                         detail="fewer than 2 independent pairs or an arm with no output")
+    clusters = None if lp.clusters is None else lp.clusters.astype(str)
+    ci, se = st.ratio_of_means_ci(lp.base, lp.cand, clusters, level=1 - 2 * level)
+    df = g - 1
+    theta = math.log(ci.estimate)
+    z_lo, z_hi = _standardized(theta - math.log(lo), se), _standardized(theta - math.log(hi), se)
+    p_pass = max(1 - _cdf(z_lo, df), _cdf(z_hi, df))
+    p_fail = min(1.0, 2 * min(_cdf(z_lo, df), 1 - _cdf(z_hi, df)))
+    d = lp.cand - lp.base
+    hl = st.hodges_lehmann(d, level=1 - 2 * level)
+    detail = (f"mean {lp.base.mean():.1f} → {lp.cand.mean():.1f} tokens; "
+              f"HL shift {hl.estimate:+.1f} [{hl.low:+.1f}, {hl.high:+.1f}]; "
+              f"Wilcoxon p={st.wilcoxon_signed_rank(lp.base, lp.cand).pvalue:.3g}; "
+              f"KS p={st.ks_two_sample(lp.base, lp.cand).pvalue:.3g}")
+    if floor is not None and floor.base.mean() > 0 and floor.cand.mean() > 0:
+        detail += f"; A/A ratio {floor.cand.mean() / floor.base.mean():.3f} (n={floor.base.size})"
+    nearest = lo if abs(theta - math.log(lo)) < abs(theta - math.log(hi)) else hi
+    inside = lo < ci.estimate < hi
+    n_more = _n_more(theta, se * math.sqrt(g), g, math.log(nearest), inside, level, m)
+    return Criterion("length_ratio", None, "inconclusive", "within", lo, hi, ci.estimate, ci.low, ci.high,
+                     ci.level, p_pass, p_fail, None, g, n_more, detail, "primary", unit, level)
+
+
+def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
+    """Guard: the event's rate in the candidate minus the baseline's, beyond the same difference
+    between the A/A replicate and the baseline (the floor). excess = mean(cand − base) −
+    mean(aa − base); SE² = SE₁² + SE₂² (the two means share units, whose positive covariance this
+    ignores: conservative). FAIL only when shown above the bound."""
+    name = f"{rp.name}_excess"
+    g, unit = _unit(rp.clusters, rp.base.size)
+    if g < 2:
+        return not_evaluated(name, "at_most", None, bound, "fewer than 2 independent pairs", role="guard")
+    clusters = None if rp.clusters is None else rp.clusters.astype(str)
+    d = rp.cand - rp.base
+    ab = st.mean_ci(d, clusters) if np.any(d != d[0]) else None
+    est, var = float(d.mean()), (ab.se ** 2 if ab else 0.0)
+    floor_txt = "no A/A replicate: floor taken as 0"
+    if rp.floor_base is not None and rp.floor_base.size >= 2:
+        f = rp.floor_aa - rp.floor_base
+        fc = None if rp.floor_clusters is None else np.asarray(rp.floor_clusters).astype(str)
+        est -= float(f.mean())
+        if np.any(f != f[0]):
+            var += st.mean_ci(f, fc).se ** 2
+        floor_txt = f"A/A floor {f.mean():+.3f} over {rp.floor_base.size} pairs"
+    detail = f"rate base {rp.base.mean():.1%} → cand {rp.cand.mean():.1%}; {floor_txt}"
+    return one_sided(name, None, "at_most", bound, est, math.sqrt(var), g - 1, g, level, detail, m, "guard", unit)
+
+
+def failed(arm: str, counts: RequestCounts, policy: GatePolicy, level: float) -> Criterion:
+    """Failed-request share: pass when observed ≤ max; candidate FAILs only when shown above."""
+    k, n, bound = counts.failed, counts.total, policy.max_failed_rate
+    if n <= 0:
+        return not_evaluated(f"failed_rate_{arm}", "at_most", None, bound, "no requests")
+    ci = st.clopper_pearson_ci(k, n, level=1 - 2 * level)
+    p_fail = float(stats.binomtest(k, n, bound, alternative="greater").pvalue) if arm == "candidate" else None
+    status: Status = "pass" if k / n <= bound else "inconclusive"
+    return Criterion(f"failed_rate_{arm}", None, status, "at_most", None, bound, k / n, ci.low, ci.high,
+                     ci.level, None, p_fail, None, n, None,
+                     f"{k} of {n} requests failed" + ("" if status == "pass" else "; too many to trust the run"),
+                     "primary", "requests", level)
+
+
+# ---------------------------------------------------------------- token level
+
+
+def _bootstrap_at_most(name: str, values: np.ndarray, clusters: np.ndarray | None, bound: float,
+                       resamples: int, level: float, rng: np.random.Generator, detail: str, m: int) -> Criterion:
+    """Percentile cluster bootstrap; p-values invert the percentile interval at the bound."""
+    g = np.unique(clusters.astype(str), return_inverse=True)[1] if clusters is not None else np.arange(values.size)
+    sums, sizes = np.bincount(g, weights=values), np.bincount(g).astype(float)
+    idx = rng.integers(0, sums.size, size=(resamples, sums.size))
+    boot = sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
+    b = boot.size
+    est = float(values.mean())
+    p_pass = (1 + int(np.sum(boot >= bound))) / (b + 1)
+    p_fail = (1 + int(np.sum(boot <= bound))) / (b + 1)
+    low, high = np.quantile(boot, [level, 1 - level])
+    n = sums.size
+    sd = float(boot.std(ddof=1)) * math.sqrt(n)
+    return Criterion(name, None, "inconclusive", "at_most", None, bound, est, float(low), float(high),
+                     1 - 2 * level, p_pass, p_fail, None, n, _n_more(est, sd, n, bound, est < bound, level, m),
+                     detail, "primary", "items", level)
+
+
+TOKEN_CRITERIA = ("kl_excess", "top1_loss")
+
+
+def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy: GatePolicy, level: float, m: int,
+                   rng: np.random.Generator) -> list[Criterion]:
+    """kl_excess and top1_loss, each on the mean per-unit excess over the A/A floor.
+
+    A missing criterion is never a pass: with teacher forcing requested and fewer than
+    `min_token_coverage` of the pairs usable, both are INCONCLUSIVE with the reasons; only a
+    user who turned teacher forcing off gets them as not evaluated."""
+    bounds = {"kl_excess": policy.max_kl_excess, "top1_loss": policy.max_top1_loss}
+    if coverage is not None and not coverage.requested:
+        return [not_evaluated(n, "at_most", None, b, "teacher forcing turned off (--no-teacher-forcing)")
+                for n, b in bounds.items()]
+    short = None
+    if coverage is not None and coverage.pairs and coverage.share < policy.min_token_coverage:
+        why = ", ".join(f"{r}: {k}" for r, k in coverage.reasons.most_common()) or "no reason recorded"
+        short = (f"token metrics usable on {coverage.usable} of {coverage.pairs} pairs "
+                 f"({coverage.share:.0%} < min_token_coverage {policy.min_token_coverage:.0%}); {why}")
+    out: list[Criterion] = []
+    for name, bound in bounds.items():
+        if tp is None or tp.kl_cand.size < 2 or n_clusters(tp.clusters, tp.kl_cand.size) < 2:
+            out.append(Criterion(name, None, "inconclusive", "at_most", None, bound,
+                                 detail=short or "teacher forcing gave fewer than 2 usable pairs with an A/A floor"))
+            continue
+        values = tp.kl_cand - tp.kl_floor if name == "kl_excess" else tp.top1_floor - tp.top1_cand
+        arm, flr = (tp.kl_cand, tp.kl_floor) if name == "kl_excess" else (tp.top1_cand, tp.top1_floor)
+        label = "mean KL" if name == "kl_excess" else "same-top-1"
+        detail = f"{label} cand {arm.mean():.4g} vs A/A floor {flr.mean():.4g} over {values.size} pairs"
+        detail += f"; {tp.floor_note}" if tp.floor_note else ""
+        if policy.bootstrap_resamples > 0:
+            crit = _bootstrap_at_most(name, values, tp.clusters, bound, policy.bootstrap_resamples, level, rng,
+                                      detail, m)
+        else:
+            clusters = None if tp.clusters is None else tp.clusters.astype(str)
+            g, unit = _unit(tp.clusters, values.size)
+            if np.all(values == values[0]):
+                se, df = 0.0, float(g - 1)
+            else:
+                mc = st.mean_ci(values, clusters)
+                se, df = mc.se, float(mc.df)
+            crit = one_sided(name, None, "at_most", bound, float(values.mean()), se, df, g, level, detail, m,
+                             "primary", unit)
+        if short:  # shown, but never decided on a fraction of the pairs
+            crit = dataclasses.replace(crit, p_pass=None, p_fail=None, detail=f"{short}; {crit.detail}")
+        out.append(crit)
+    return out
+
+
+def speedup(base: np.ndarray, cand: np.ndarray, policy: GatePolicy, level: float, m: int) -> Criterion:
+    """Ratio of mean per-request throughput cand/base (independent samples, delta method on log)."""
+    b, c = np.asarray(base, float), np.asarray(cand, float)
+    if b.size < 2 or c.size < 2 or b.mean() <= 0 or c.mean() <= 0:
+        return not_evaluated("speedup", "at_least", policy.min_speedup, None, "too few throughput samples")
+    theta = math.log(c.mean() / b.mean())
+    se = math.sqrt(c.var(ddof=1) / (c.size * c.mean() ** 2) + b.var(ddof=1) / (b.size * b.mean() ** 2))
+    detail = f"{b.mean():.1f} → {c.mean():.1f} tok/s per request"
+    q = float(stats.norm.isf(level))
+    if policy.min_speedup is None:
+        return Criterion("speedup", None, "not_evaluated", "at_least", None, None, math.exp(theta),
+                         math.exp(theta - q * se), math.exp(theta + q * se), 1 - 2 * level,
+                         n=b.size + c.size, detail=detail + "; min_speedup not set: reported only")
+    crit = one_sided("speedup", None, "at_least", math.log(policy.min_speedup), theta, se, math.inf,
+                     b.size + c.size, level, detail, m, "primary", "requests")
+    return dataclasses.replace(crit, estimate=math.exp(theta), ci_low=math.exp(crit.ci_low),
+                               ci_high=math.exp(crit.ci_high), bound_low=policy.min_speedup)

@@ -1,0 +1,144 @@
+"""What the gate judges: per-unit paired arrays, each unit tagged with its cluster.
+
+A unit is one (suite, item id, repeat). Its cluster is the item — or the item's shared
+context (`context_id`) when it has one — so repeats of an item, and items built on one
+document, never count as independent evidence. `clusters=None` means every unit is its own
+cluster (one repeat, no shared contexts).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def _array(value: Any, dtype: type, name: str) -> np.ndarray:
+    a = np.asarray(value, dtype=dtype)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D")
+    return a
+
+
+def _same_length(obj: Any, names: tuple[str, ...]) -> None:
+    lengths = {n: len(getattr(obj, n)) for n in names if getattr(obj, n) is not None}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"{type(obj).__name__}: arrays differ in length: {lengths}")
+
+
+def _freeze(obj: Any, arrays: dict[str, type]) -> None:
+    for name, dtype in arrays.items():
+        object.__setattr__(obj, name, _array(getattr(obj, name), dtype, name))
+    if getattr(obj, "clusters", None) is not None:
+        object.__setattr__(obj, "clusters", np.asarray(obj.clusters, dtype=object))
+    _same_length(obj, tuple(arrays) + ("clusters",))
+
+
+def n_clusters(clusters: np.ndarray | None, n: int) -> int:
+    """Independent units behind n values: distinct clusters, or n when none are given."""
+    return n if clusters is None else int(np.unique(clusters.astype(str)).size)
+
+
+@dataclass(frozen=True)
+class AccuracyPairs:
+    """One suite's scored units: correct or not in each arm."""
+
+    suite: str
+    base_correct: np.ndarray
+    cand_correct: np.ndarray
+    clusters: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        _freeze(self, {"base_correct": bool, "cand_correct": bool})
+
+
+@dataclass(frozen=True)
+class LengthPairs:
+    """Output lengths in tokens of one arm vs another, paired by unit."""
+
+    base: np.ndarray
+    cand: np.ndarray
+    clusters: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        _freeze(self, {"base": float, "cand": float})
+
+
+@dataclass(frozen=True)
+class RatePairs:
+    """A per-unit event (truncated, looping) in the baseline and candidate on every pair, and in
+    the baseline and its A/A replicate on the pairs the replicate covers (the floor)."""
+
+    name: str
+    base: np.ndarray
+    cand: np.ndarray
+    clusters: np.ndarray | None = None
+    floor_base: np.ndarray | None = None
+    floor_aa: np.ndarray | None = None
+    floor_clusters: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        _freeze(self, {"base": float, "cand": float})
+        if (self.floor_base is None) != (self.floor_aa is None):
+            raise ValueError("floor_base and floor_aa come together")
+        if self.floor_base is not None:
+            object.__setattr__(self, "floor_base", _array(self.floor_base, float, "floor_base"))
+            object.__setattr__(self, "floor_aa", _array(self.floor_aa, float, "floor_aa"))
+            if self.floor_base.size != self.floor_aa.size:
+                raise ValueError("RatePairs: floor arrays differ in length")
+
+
+@dataclass(frozen=True)
+class TokenPairs:
+    """Per-unit teacher-forced metrics: candidate vs baseline and the A/A floor, same units."""
+
+    kl_cand: np.ndarray  # mean per-token KL(A‖B) of each unit
+    kl_floor: np.ndarray  # mean per-token KL(A‖A') of the same unit
+    top1_cand: np.ndarray  # share of the unit's tokens where A and B agree on top-1
+    top1_floor: np.ndarray  # same for A vs A'
+    clusters: np.ndarray | None = None
+    floor_note: str = ""  # how the floor was obtained (measured, or reproduced bit for bit)
+
+    def __post_init__(self) -> None:
+        _freeze(self, {"kl_cand": float, "kl_floor": float, "top1_cand": float, "top1_floor": float})
+
+
+@dataclass(frozen=True)
+class TokenCoverage:
+    """How many pairs teacher forcing was asked for, how many gave usable token metrics, and why
+    the rest did not (reason → count). `requested=False`: the user turned teacher forcing off."""
+
+    requested: bool
+    pairs: int = 0
+    usable: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    @property
+    def share(self) -> float:
+        return self.usable / self.pairs if self.pairs else 0.0
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Failed and total requests of one arm."""
+
+    failed: int
+    total: int
+
+
+@dataclass(frozen=True)
+class GateInputs:
+    """Everything the gate judges; a part left None is reported as not evaluated."""
+
+    accuracy: tuple[AccuracyPairs, ...] = ()
+    lengths: LengthPairs | None = None  # candidate (cand) vs baseline (base)
+    lengths_floor: LengthPairs | None = None  # baseline replicate vs baseline: reported
+    tokens: TokenPairs | None = None
+    coverage: TokenCoverage | None = None  # None: not told (treated as requested and complete)
+    rates: tuple[RatePairs, ...] = ()  # truncation, repetition loops
+    base_requests: RequestCounts | None = None
+    cand_requests: RequestCounts | None = None
+    base_throughput: np.ndarray | None = None  # per-request tokens/s
+    cand_throughput: np.ndarray | None = None

@@ -1,0 +1,180 @@
+"""Criteria → PASS / FAIL / INCONCLUSIVE, at one look or replayed over a sequential compare's looks.
+
+Rules (docs/statistics.md, "The gate"):
+* FAIL when some criterion — primary or guard — is shown outside its bound after Holm over
+  every criterion with a fail test. At a sequential look Holm's step j tests at the nominal
+  level α′(α/j) (gate/sequential.py), so the false-FAIL rate stays ≤ α over all looks.
+* PASS when every *primary* criterion is shown inside its bound (an intersection–union test:
+  each at α′(α), no adjustment) and no guard failed. A guard left undecided (a 20-item
+  suite cannot show ±5 points) does not block PASS.
+* INCONCLUSIVE otherwise, with the clusters each open primary criterion would need.
+A sequential compare stops at the first look whose verdict is PASS or FAIL; a primary
+criterion shown inside at an earlier look stays shown (its own sequential test stopped there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from kvqual.compare import stats as st
+from kvqual.gate import criteria as cr
+from kvqual.gate.criteria import Criterion, Status
+from kvqual.gate.inputs import GateInputs
+from kvqual.gate.policy import GatePolicy
+from kvqual.gate.sequential import nominal_alpha
+
+EXIT_CODES: Mapping[str, int] = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's answer, with every criterion behind it (and, when sequential, the looks)."""
+
+    verdict: str
+    criteria: tuple[Criterion, ...]
+    reason: str
+    policy: GatePolicy = field(default_factory=GatePolicy)
+    looks: tuple[dict[str, Any], ...] = ()  # trajectory: one entry per look taken
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json form; non-finite numbers become null."""
+        out = {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "policy": dataclasses.asdict(self.policy),
+            "criteria": [{**dataclasses.asdict(c), "label": c.label} for c in self.criteria],
+        }
+        if self.looks:
+            out["sequential"] = {"planned_looks": self.policy.looks, "looks": list(self.looks)}
+        return _finite(out)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.Generator) -> list[Criterion]:
+    """Every criterion before multiplicity adjustment, at one-sided `level`."""
+    guard_or_primary = "primary" if policy.mode == "strict" else "guard"
+    m = len(inputs.accuracy) + 7  # family size estimate for n_more on the fail side
+    out: list[Criterion] = []
+    for arm, counts in (("baseline", inputs.base_requests), ("candidate", inputs.cand_requests)):
+        out.append(cr.failed(arm, counts, policy, level) if counts is not None else cr.not_evaluated(
+            f"failed_rate_{arm}", "at_most", None, policy.max_failed_rate, "request counts not given"))
+    out.extend(cr.token_criteria(inputs.tokens, inputs.coverage, policy, level, m, rng))
+    out.append(cr.pooled_accuracy(inputs.accuracy, policy, level, m))
+    out.extend(cr.accuracy(pairs, policy, level, m, guard_or_primary) for pairs in inputs.accuracy)
+    out.append(cr.lengths(inputs.lengths, inputs.lengths_floor, policy, level, m) if inputs.lengths is not None
+               else cr.not_evaluated("length_ratio", "within", 1 - policy.max_length_drift,
+                                     1 + policy.max_length_drift, "no paired lengths"))
+    bounds = {"truncation": policy.max_trunc_excess, "loop": policy.max_loop_excess}
+    out.extend(cr.rate_excess(rp, bounds[rp.name], level, m) for rp in inputs.rates)
+    if inputs.base_throughput is not None and inputs.cand_throughput is not None:
+        out.append(cr.speedup(inputs.base_throughput, inputs.cand_throughput, policy, level, m))
+    return out
+
+
+def _holm_fail(pvalues: Sequence[float], alpha: float, looks: int) -> list[bool]:
+    """Holm step-down with level α′(α/j) at step j (j hypotheses left): which are rejected."""
+    order = np.argsort(pvalues, kind="stable")
+    rejected = [False] * len(pvalues)
+    left = len(pvalues)
+    for i in order:
+        if pvalues[i] < nominal_alpha(alpha / left, looks):
+            rejected[i] = True
+            left -= 1
+        else:
+            break
+    return rejected
+
+
+def decide(policy: GatePolicy, inputs: GateInputs, rng: np.random.Generator, *, looks: int = 1,
+           passed_before: Mapping[str, int] | None = None) -> Verdict:
+    """Judge every criterion at one look of `looks` planned; Holm-adjust the fail tests; verdict.
+
+    `passed_before`: labels of primary criteria already shown inside at an earlier look → look number."""
+    level = nominal_alpha(policy.alpha, looks)
+    drafts = build(policy, inputs, level, rng)
+    tested = [i for i, c in enumerate(drafts) if c.p_fail is not None]
+    p_fail = [drafts[i].p_fail for i in tested]
+    rejected = _holm_fail(p_fail, policy.alpha, looks)
+    holm = st.holm_adjust(p_fail) if p_fail else []
+    final = list(drafts)
+    earlier = passed_before or {}
+    for j, i in enumerate(tested):
+        c = drafts[i]
+        status: Status
+        if rejected[j]:
+            status = "fail"
+        elif c.status == "pass" or (c.p_pass is not None and c.p_pass < level) or c.label in earlier:
+            status = "pass"
+        else:
+            status = c.status if c.status == "not_evaluated" else "inconclusive"
+        note = f"; shown inside at look {earlier[c.label]}" if status == "pass" and c.label in earlier and not (
+            c.p_pass is not None and c.p_pass < level) else ""
+        final[i] = dataclasses.replace(c, p_fail_holm=float(holm[j]), status=status, detail=c.detail + note)
+    final = [c if c.status == "inconclusive" else dataclasses.replace(c, n_more=None) for c in final]
+    return combine(policy, tuple(final))
+
+
+def combine(policy: GatePolicy, criteria: tuple[Criterion, ...], looks: tuple[dict[str, Any], ...] = ()) -> Verdict:
+    """Any fail → FAIL; every primary criterion pass → PASS; else INCONCLUSIVE."""
+    failed = [c for c in criteria if c.status == "fail"]
+    primary = [c for c in criteria if c.role == "primary" and c.status != "not_evaluated"]
+    open_ = [c for c in primary if c.status != "pass"]
+    if failed:
+        names = ", ".join(f"{c.label} (Holm p={c.p_fail_holm:.2g})" for c in failed)
+        return Verdict("FAIL", criteria, f"shown outside its bound: {names}", policy, looks)
+    if open_:
+        parts = [c.label + (f" (~{c.n_more} more {c.unit})" if c.n_more is not None else "") for c in open_]
+        return Verdict("INCONCLUSIVE", criteria, "not decided: " + ", ".join(parts), policy, looks)
+    if not any(not c.name.startswith("failed_rate") for c in primary):
+        return Verdict("INCONCLUSIVE", criteria, "no quality criterion could be evaluated", policy, looks)
+    guards = [c for c in criteria if c.role == "guard" and c.status == "inconclusive"]
+    tail = f"; {len(guards)} guard(s) undecided, none failed" if guards else ""
+    return Verdict("PASS", criteria, f"all {len(primary)} primary criteria shown inside their bounds{tail}",
+                   policy, looks)
+
+
+def look_row(k: int, n_items: int, v: Verdict) -> dict[str, Any]:
+    """One row of the trajectory table: each criterion's interval at this look."""
+    return {"look": k, "items": n_items, "verdict": v.verdict,
+            "criteria": {c.label: {"estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                                   "status": c.status, "n": c.n} for c in v.criteria}}
+
+
+def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]], rng_seed: int) -> Verdict:
+    """Replay the looks taken (items judged, inputs at that look), in order; the verdict of the
+    first decided look, or of the last one. Pure: the same inputs give the same trajectory."""
+    if not looks:
+        raise ValueError("no look to judge")
+    planned = max(policy.looks, len(looks))
+    passed: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    verdict: Verdict | None = None
+    for k, (n_items, inputs) in enumerate(looks, start=1):
+        verdict = decide(policy, inputs, np.random.default_rng(rng_seed), looks=planned, passed_before=passed)
+        rows.append(look_row(k, n_items, verdict))
+        for c in verdict.criteria:
+            if c.status == "pass" and c.role == "primary":
+                passed.setdefault(c.label, k)
+        if verdict.verdict != "INCONCLUSIVE":
+            break
+    assert verdict is not None
+    return dataclasses.replace(verdict, looks=tuple(rows))
