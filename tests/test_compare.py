@@ -48,7 +48,7 @@ def test_identical_servers_pass(tmp_path, fake_server):
     assert r.stdout.startswith("PASS")
     rep = report_of(tmp_path)
     assert rep["teacher_forcing"]["enabled"] and rep["suites"]["overall"]["teacher"]["ab"]["mean_kl"] == 0
-    assert rep["runs"]["aa"]["run_id"].endswith("-aa1")
+    assert rep["runs"]["aa"]["run_id"].endswith("-aa1-f0.25")  # default aa_fraction
     for kind in ("report.json", "report.md", "report.html", "junit.xml"):
         assert list((tmp_path / "results").glob(f"compare-*/{kind}")), kind
 
@@ -61,7 +61,9 @@ def test_many_wrong_answers_fail_and_report_reproduces(tmp_path, fake_server):
     acc = criterion(rep, "accuracy")
     assert acc["status"] == "fail" and acc["estimate"] < -0.2
     task = rep["suites"]["s"]["task"]["ab"]
-    assert task["flips_right_to_wrong"] > 40 and task["flips_wrong_to_right"] == 0
+    # sequential: decided at the first look (50 of 200 items), so the other 150 were never sent
+    assert task["n"] == 50 and task["flips_right_to_wrong"] > 8 and task["flips_wrong_to_right"] == 0
+    assert rep["verdict"]["sequential"]["stop"].startswith("decided at look 1 of 4")
     base_run, cand_run = rep["runs"]["baseline"]["run_id"], rep["runs"]["candidate"]["run_id"]
     again = kvqual(tmp_path, "report", f"results/{base_run}", f"results/{cand_run}", "--out", "again")
     assert again.returncode == 1
@@ -110,7 +112,7 @@ def test_server_without_echo_stops_teacher_forcing(tmp_path, fake_server):
 
 def test_a_target_against_itself_is_a_real_aa_comparison(tmp_path, fake_server):
     base, _ = setup(tmp_path, fake_server, [], n=30)
-    r = kvqual(tmp_path, "compare", "base", "base", "--suite", "s.jsonl", "--stream")
+    r = kvqual(tmp_path, "compare", "base", "base", "--suite", "s.jsonl", "--stream", "--aa-fraction", "1")
     rep = report_of(tmp_path)
     assert rep["runs"]["candidate"]["run_id"].endswith("-aa2") and rep["runs"]["aa"]["run_id"].endswith("-aa1")
     assert rep["runs"]["candidate"]["run_id"] != rep["runs"]["baseline"]["run_id"]

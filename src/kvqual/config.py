@@ -88,10 +88,14 @@ class RunDefaults:
     retries: int = 5
     repeats: int = 1
     limit: int | None = None
-    aa_fraction: float = 1.0  # share of items the A/A replicate covers
+    aa_fraction: float = 0.25  # share of items the A/A generation replicate covers (docs/statistics.md)
+    max_items: int | None = None  # compare budget: items judged at most (None: every item of the suites)
+    max_minutes: float | None = None  # compare budget: no new round starts after this many minutes
+    budget_tokens: int | None = None  # compare budget: no new round after this many generated tokens (all arms)
     results_dir: str = "results"
     max_failed_rate: float = 0.05  # a run above this stops as an infrastructure failure
     stream: bool = False
+    serve_together: bool | None = None  # compare: both servers up at once (None: when kvqual launches none, or built-in)
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,7 @@ def _parse_run(path: str, table: Any) -> RunDefaults:
         "seed": (int,), "temperature": (int, float), "top_p": (int, float), "timeout": (int, float),
         "retries": (int,), "repeats": (int,), "limit": (int,), "aa_fraction": (int, float),
         "results_dir": (str,), "max_failed_rate": (int, float), "stream": (bool,),
+        "max_items": (int,), "max_minutes": (int, float), "budget_tokens": (int,), "serve_together": (bool,),
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -226,6 +231,9 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
         ("limit", run.limit is None or run.limit >= 1, "must be at least 1"),
         ("aa_fraction", 0 <= run.aa_fraction <= 1, "must be between 0 and 1"),
         ("max_failed_rate", 0 <= run.max_failed_rate <= 1, "must be between 0 and 1"),
+        ("max_items", run.max_items is None or run.max_items >= 2, "must be at least 2"),
+        ("max_minutes", run.max_minutes is None or run.max_minutes > 0, "must be > 0"),
+        ("budget_tokens", run.budget_tokens is None or run.budget_tokens >= 1, "must be at least 1"),
     ]
     for key, ok, problem in checks:
         if not ok:

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from kvqual import __version__
 from kvqual.client import (Answer, Transport, backoff_delay, chat_payload, classify, completion_payload,
@@ -75,10 +75,26 @@ def in_fraction(suite: str, item_id: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def plan_units(suites: tuple[LoadedSuite, ...], repeats: int, seed: int, fraction: float = 1.0) -> list[Unit]:
-    """All (item, repeat) units, shuffled with `seed` so both arms send in the same order."""
-    units = [(item, r) for s in suites for item in s.items for r in range(repeats)
-             if in_fraction(item.suite, item.id, fraction)]
+def item_rank(suite: str, item_id: str, seed: int) -> bytes:
+    """An item's place in the seeded order every arm and every round share. A hash of the item,
+    not a shuffle of the pool, so any subset of items keeps the same relative order (the judge
+    can replay a sequential compare's looks from the samples alone)."""
+    return hashlib.sha256(f"{seed}\x00{suite}\x00{item_id}".encode()).digest()
+
+
+def item_order(keys: Iterable[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
+    """(suite, id) keys in the seeded order of `item_rank`."""
+    return sorted(set(keys), key=lambda k: item_rank(k[0], k[1], seed))
+
+
+def plan_units(suites: tuple[LoadedSuite, ...], repeats: int, seed: int, fraction: float = 1.0,
+               items_upto: int | None = None) -> list[Unit]:
+    """The (item, repeat) units of the first `items_upto` items in the seeded item order (all
+    when None), shuffled with `seed` so both arms send in the same order."""
+    items = sorted((item for s in suites for item in s.items), key=lambda i: item_rank(i.suite, i.id, seed))
+    if items_upto is not None:
+        items = items[:items_upto]
+    units = [(item, r) for item in items for r in range(repeats) if in_fraction(item.suite, item.id, fraction)]
     random.Random(seed).shuffle(units)
     return units
 
@@ -198,10 +214,15 @@ def _progress_mode(progress: bool | None) -> str:
     return "bar" if progress or progress_enabled() else "lines"
 
 
-async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress: bool | None = None) -> RunManifest:
-    """Send every unanswered unit of `plan`; returns the final manifest (also on disk)."""
-    units = [u for u in plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction)
-             if (u[0].suite, u[0].id, u[1]) not in store.done]
+async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress: bool | None = None,
+                  items_upto: int | None = None) -> RunManifest:
+    """Send every unanswered unit of `plan` (of its first `items_upto` items: one round of a
+    sequential compare); returns the manifest (also on disk): status "complete" once every unit of
+    the plan is answered, "partial" while later rounds are still to come."""
+    wanted = plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction, items_upto)
+    all_units = len(wanted) if items_upto is None else len(
+        plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction))
+    units = [u for u in wanted if (u[0].suite, u[0].id, u[1]) not in store.done]
     total = len(store.done) + len(units)
     stats = RunStats(total=total, done=len(store.done), ok=len(store.done), started=time.perf_counter())
     transports = [Transport(u, plan.target.api_key(), run.timeout) for u in plan.target.base_urls]
@@ -256,16 +277,16 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         await asyncio.gather(*(worker() for _ in range(max(1, min(run.concurrency, len(units))))))
         if abort:
             raise abort[0]
-        status = "complete"
+        status = "complete" if len(store.done) >= all_units else "partial"
     finally:
         bar.close()
         server_metrics = await scraper.stop()
         for t in transports:
             await t.aclose()
         counts = {**store.manifest.counts, "units": total, "ok": len(store.done), "failed": total - len(store.done),
-                  "completion_tokens_this_session": stats.completion_tokens}
+                  "completion_tokens_this_session": stats.completion_tokens, "plan_units": all_units}
         failed_rate = (total - len(store.done)) / total if total else 0.0
-        if status == "complete" and failed_rate > 0:
+        if status in ("complete", "partial") and failed_rate > 0:
             status = "incomplete"  # failed units are retried by the next run of the same command
         store.manifest = replace(store.manifest, status=status, finished_at=time.time(), counts=counts,
                                  server_metrics=(server_metrics if units and server_metrics
@@ -306,8 +327,9 @@ def new_manifest(plan: RunPlan, concurrency: int, server_info: dict[str, Any]) -
 
 async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefaults, *, limit: int | None = None,
                      replicate: int = 0, fraction: float = 1.0, rerun: bool = False,
-                     progress: bool | None = None) -> RunManifest:
-    """Probe the target, find (or create) its run folder, and send what is not answered yet."""
+                     progress: bool | None = None, items_upto: int | None = None) -> RunManifest:
+    """Probe the target, find (or create) its run folder, and send what is not answered yet
+    (of the first `items_upto` items in the seeded order, when given: one round)."""
     from kvqual import probe
 
     info = await probe.describe(target.base_url, target.api_key(), timeout=min(run.timeout, 30.0))
@@ -326,10 +348,34 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
         existing = _finished(run.results_dir, plan)
         if existing is not None:
             return existing
+        partial = _resumable(run.results_dir, plan, items_upto)
+        if partial is not None:
+            return partial
     flushed = await probe.flush_cache(target.base_url, target.api_key())
     info["prefix_cache_flushed"] = flushed
     store = RunStore.open(run.results_dir, new_manifest(plan, run.concurrency, info), rerun=rerun)
-    return await execute(plan, store, run, progress=progress)
+    return await execute(plan, store, run, progress=progress, items_upto=items_upto)
+
+
+def _resumable(results_dir: str, plan: RunPlan, items_upto: int | None) -> RunManifest | None:
+    """A partial run that already answered every unit of this round: nothing to send."""
+    from pathlib import Path
+
+    from kvqual.errors import KvqualError
+    from kvqual.store import load_manifest, load_samples
+
+    if items_upto is None:
+        return None
+    run_dir = Path(results_dir) / plan.run_id
+    try:
+        manifest = load_manifest(run_dir)
+        done = {k for k, s in load_samples(run_dir).items() if s.ok}
+    except KvqualError:
+        return None
+    wanted = plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction, items_upto)
+    if manifest.key != plan.key or any((i.suite, i.id, r) not in done for i, r in wanted):
+        return None
+    return manifest
 
 
 def _finished(results_dir: str, plan: RunPlan) -> RunManifest | None:

@@ -9,8 +9,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from dataclasses import replace
+
 from kvqual.compare import session
-from kvqual.config import load_config
+from kvqual.config import Config, load_config
+from kvqual.errors import UsageError
+from kvqual.options import overrides
 
 
 def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -21,7 +25,17 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
     p.add_argument("baseline", help="baseline target name (e.g. bf16)")
     p.add_argument("candidate", help="candidate target name (e.g. fp8)")
     run_options(p)
-    p.add_argument("--aa-fraction", type=float, help="share of items in the A/A replicate (default 1.0)")
+    p.add_argument("--aa-fraction", type=float,
+                   help="share of items in the A/A generation replicate (default 0.25; 0 = none)")
+    p.add_argument("--max-items", type=int, help="budget: items judged at most (default: every item of the suites)")
+    p.add_argument("--max-minutes", type=float, help="budget: no new round starts after this many minutes")
+    p.add_argument("--budget-tokens", type=int,
+                   help="budget: no new round after this many generated tokens, all arms together "
+                        "(--max-tokens is the per-request limit)")
+    p.add_argument("--looks", type=int, help="planned looks of the sequential gate (default [gate] looks = 4)")
+    p.add_argument("--fixed-n", action="store_true", help="judge once, on every item of the budget (= --looks 1)")
+    p.add_argument("--strict", action="store_true",
+                   help="every suite's accuracy must be shown within the margin too ([gate] mode = \"strict\")")
     p.add_argument("--no-teacher-forcing", action="store_true", help="skip echo scoring (token metrics absent)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare even when models or reported KV dtypes contradict the config (printed in the report)")
@@ -34,6 +48,9 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
     r.add_argument("--config", help="config file whose [gate] policy to use")
     r.add_argument("--out", help="folder for the report files (default: results/compare-<a>-vs-<b>)")
     r.add_argument("--no-teacher-forcing", action="store_true")
+    r.add_argument("--looks", type=int, help="replay this many planned looks (default: the compare's plan)")
+    r.add_argument("--fixed-n", action="store_true", help="judge once on every item (= --looks 1)")
+    r.add_argument("--strict", action="store_true", help="[gate] mode = \"strict\"")
     r.set_defaults(func=cmd_report)
 
 
@@ -53,55 +70,52 @@ def _finish(report: dict, out_dir: Path) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from kvqual.cli import _overrides
-    from kvqual.commands import prepare, serving
-    from kvqual.runner import run_target
+    from kvqual.commands import prepare
+    from kvqual.compare.flow import Compare
 
-    overrides = _overrides(args)
-    overrides["aa_fraction"] = args.aa_fraction
-    overrides["results_dir"] = None  # --out names the report folder here; runs stay in results/
-    config, run, suites = prepare(args.config, overrides, args.include_path)
-    base_t, cand_t = config.target(args.baseline), config.target(args.candidate)
-    items = {(i.suite, i.id): i for s in suites for i in s.items}
-    tf = not args.no_teacher_forcing
+    ov = overrides(args)
+    ov.update(aa_fraction=args.aa_fraction, max_items=args.max_items, max_minutes=args.max_minutes,
+              budget_tokens=args.budget_tokens)
+    ov["results_dir"] = None  # --out names the report folder here; runs stay in results/
+    config, run, suites = prepare(args.config, ov, args.include_path)
+    config = _gate_flags(config, args)
+    flow = Compare(config, run, suites, config.target(args.baseline), config.target(args.candidate),
+                   teacher_forcing=not args.no_teacher_forcing, allow_mismatch=args.allow_mismatch,
+                   rerun=args.rerun, command=_command_line())
+    report = asyncio.run(flow.execute())
+    s = flow.state
+    assert s.bm is not None and s.cm is not None
+    return _finish(report, _out_dir(run.results_dir, s.bm.run_id, s.cm.run_id, args.out))
 
-    async def flow():
-        async with serving(base_t, run.results_dir) as t:
-            bm = await run_target(t, suites, run, limit=run.limit, rerun=args.rerun)
-            am = None
-            if run.aa_fraction > 0:
-                am = await run_target(t, suites, run, limit=run.limit, replicate=1, fraction=run.aa_fraction,
-                                      rerun=args.rerun)
-            base_dir = Path(run.results_dir) / bm.run_id
-            if tf:
-                await session._force(t, bm, base_dir, items, run, own_dir=base_dir, again=True)
-        async with serving(cand_t, run.results_dir) as t:
-            # refuse a comparison of the wrong thing before spending server time on it
-            warnings = session.verify(bm, await session.as_reported(t, bm), args.allow_mismatch)
-            # `compare bf16 bf16` is an A/A check: the candidate is a fresh, independent run (replicate 2)
-            # of a freshly started server, never the baseline's own answers
-            cm = await run_target(t, suites, run, limit=run.limit, rerun=args.rerun,
-                                  replicate=2 if args.candidate == args.baseline else 0)
-            if tf:
-                await session._force(t, cm, base_dir, items, run, own_dir=Path(run.results_dir) / cm.run_id,
-                                     again=False)
-        return bm, am, cm, warnings
 
-    bm, am, cm, warnings = asyncio.run(flow())
-    root = Path(run.results_dir)
-    report = session.judge(root / bm.run_id, root / cm.run_id, root / am.run_id if am else None, config.gate,
-                           command=_command_line(), teacher_forcing=tf, warnings=warnings,
-                           allow_mismatch=args.allow_mismatch, seed=run.seed)
-    return _finish(report, _out_dir(run.results_dir, bm.run_id, cm.run_id, args.out))
+def _gate_flags(config: Config, args: argparse.Namespace) -> Config:
+    """--looks / --fixed-n / --strict override `[gate]`."""
+    changes: dict = {}
+    if getattr(args, "fixed_n", False):
+        changes["looks"] = 1
+    elif getattr(args, "looks", None) is not None:
+        if args.looks < 1:
+            raise UsageError(f"--looks must be at least 1 (got {args.looks})")
+        changes["looks"] = args.looks
+    if getattr(args, "strict", False):
+        changes["mode"] = "strict"
+    return replace(config, gate=replace(config.gate, **changes)) if changes else config
+
+
+def _plan(*folders: Path, policy) -> dict | None:
+    """The look plan saved by the compare that wrote one of these folders' report.json."""
+    return next((p for p in (session.saved_plan(f, policy) for f in folders) if p is not None), None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     a, b, aa = session.load_report_inputs(args.run_a, args.run_b, args.aa)
-    config = load_config(args.config)
+    config = _gate_flags(load_config(args.config), args)
     bm, cm = session.load_manifest(a), session.load_manifest(b)
+    out = _out_dir(str(a.parent), bm.run_id, cm.run_id, args.out)
     warnings = session.verify(bm, cm, allow_mismatch=True)
     report = session.judge(a, b, aa, config.gate, command=_command_line(),
                            teacher_forcing=not args.no_teacher_forcing, warnings=warnings,
-                           seed=bm.params.seed)
+                           seed=bm.params.seed, plan=_plan(out, _out_dir(str(a.parent), bm.run_id, cm.run_id, None),
+                                                           policy=config.gate))
     report["command"] = _command_line()
-    return _finish(report, _out_dir(str(a.parent), bm.run_id, cm.run_id, args.out))
+    return _finish(report, out)

@@ -1,12 +1,14 @@
 """Two saved runs (+ the A/A replicate and teacher-forced files) → metrics and gate inputs.
 
-Pairs are joined by (suite, item id, repeat), never by position. A pair where either side
+Pairs are joined by (suite, item id, repeat), never by position, and clustered by item (or
+shared context): repeats of an item are one independent unit. A pair where either side
 failed is dropped from quality metrics and counted in `dropped_pairs`; failures stay
 visible in the reliability section and in the failed-rate criteria.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -15,7 +17,9 @@ import numpy as np
 from kvqual.compare import stats as st
 from kvqual.compare import tokens as tk
 from kvqual.compare.teacher import Forced
-from kvqual.gate import AccuracyPairs, GateInputs, LengthPairs, RequestCounts, TokenPairs
+from kvqual.gate import (AccuracyPairs, GateInputs, LengthPairs, RatePairs, RequestCounts, TokenCoverage,
+                         TokenPairs)
+from kvqual.gate.criteria import CONTEXT_PREFIX
 from kvqual.records import Sample
 
 Key = tuple[str, str, int]
@@ -57,7 +61,14 @@ def _tokens_of(s: Sample) -> tuple[str, ...]:
     return s.logprobs.tokens if s.logprobs is not None else tuple(s.text or "")
 
 
-def generation_metrics(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any] | None:
+def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
+    if known is not None and s.key in known:
+        return known[s.key]
+    return tk.text_repetition_loop(s.text or "") is not None
+
+
+def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key, bool] | None = None,
+                       loops_b: Mapping[Key, bool] | None = None) -> dict[str, Any] | None:
     if not pairs:
         return None
     lb = np.array([a.completion_tokens or 0 for a, _ in pairs], dtype=float)
@@ -74,8 +85,8 @@ def generation_metrics(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any] | N
         "hl_ci": [None, None], "ks_stat": None, "ks_p": None,
         "trunc_base": _r(np.mean([a.finish_reason == "length" for a, _ in pairs])),
         "trunc_cand": _r(np.mean([b.finish_reason == "length" for _, b in pairs])),
-        "loops_base": _r(np.mean([tk.text_repetition_loop(a.text or "") is not None for a, _ in pairs])),
-        "loops_cand": _r(np.mean([tk.text_repetition_loop(b.text or "") is not None for _, b in pairs])),
+        "loops_base": _r(np.mean([_looping(a, loops_a) for a, _ in pairs])),
+        "loops_cand": _r(np.mean([_looping(b, loops_b) for _, b in pairs])),
     }
     if lb.sum() > 0 and len(pairs) >= 2:
         ratio, _ = st.ratio_of_means_ci(lb, lc)
@@ -122,16 +133,130 @@ def _pairs(a: Mapping[Key, Sample], b: Mapping[Key, Sample], keys: list[Key]) ->
     return good, len(keys) - len(good)
 
 
-def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, Forced] | None) -> tuple[dict[str, Any], GateInputs, dict[str, Any]]:
-    """Per-suite + overall metrics, the gate's inputs, and the data behind the report's plots."""
+def cluster_id(s: Sample) -> str:
+    """The independent unit a sample belongs to: its shared context, else its item (repeats of an
+    item are one cluster). Prefixes let the gate say "contexts" or "items" (gate/criteria.py)."""
+    return f"{CONTEXT_PREFIX}{s.context_id}" if s.context_id else f"item:{s.suite}\x00{s.id}"
+
+
+def _clusters(samples: list[Sample]) -> np.ndarray:
+    return np.array([cluster_id(s) for s in samples], dtype=object)
+
+
+def _same_tokens(a: Forced, b: Forced) -> bool:
+    """Two teacher-forced passes gave bit-identical logprobs (tokens, scored logprobs and top-k)."""
+    return bool(a.aligned and b.aligned and a.logprobs is not None and b.logprobs is not None
+                and a.logprobs.tokens == b.logprobs.tokens
+                and a.logprobs.token_logprobs == b.logprobs.token_logprobs
+                and a.logprobs.top_logprobs == b.logprobs.top_logprobs)
+
+
+def floor_reproduced(base_forced: Mapping[Key, Forced], again: Mapping[Key, Forced]) -> bool:
+    """The second teacher-forcing pass reproduced the first bit for bit on every item it covered."""
+    both = [k for k in again if k in base_forced]
+    return bool(both) and all(_same_tokens(base_forced[k], again[k]) for k in both)
+
+
+MIN_REPRODUCED = 8  # items a bit-identical second pass must cover before its floor (0) is extended to all
+
+
+def loop_flags(samples: Mapping[Key, Sample]) -> dict[Key, bool]:
+    """Whether each answered sample ends in a repetition loop (computed once per sample)."""
+    return {k: tk.text_repetition_loop(s.text or "") is not None for k, s in samples.items() if s.ok}
+
+
+def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, Forced] | None,
+                keys: list[Key], teacher_forcing: bool = True,
+                loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None) -> GateInputs:
+    """The gate's inputs over `keys` (every unit judged at one look): paired by key, clustered by item."""
+    loops = loops or (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
+    suites = sorted({k[0] for k in keys})
+    ab_all, _ = _pairs(base.samples, cand.samples, keys)
+    aa_keys = [k for k in keys if aa is not None and k in aa.samples]
+    aa_all, _ = _pairs(base.samples, aa.samples, aa_keys) if aa is not None else ([], 0)
+    accuracy = []
+    for suite in suites:
+        scored = [(a, b) for a, b in ab_all if a.suite == suite and a.score is not None and b.score is not None]
+        if scored:
+            accuracy.append(AccuracyPairs(suite, [a.score >= 0.5 for a, _ in scored],
+                                          [b.score >= 0.5 for _, b in scored], _clusters([a for a, _ in scored])))
+    lengths = LengthPairs([a.completion_tokens or 0 for a, _ in ab_all], [b.completion_tokens or 0 for _, b in ab_all],
+                          _clusters([a for a, _ in ab_all])) if len(ab_all) >= 2 else None
+    floor = LengthPairs([a.completion_tokens or 0 for a, _ in aa_all], [b.completion_tokens or 0 for _, b in aa_all],
+                        _clusters([a for a, _ in aa_all])) if len(aa_all) >= 2 else None
+    rates = []
+    if len(ab_all) >= 2:
+        lb, lc, la = loops
+        events = {"truncation": lambda s, _m: s.finish_reason == "length", "loop": lambda s, m: m.get(s.key, False)}
+        for name, event in events.items():
+            rates.append(RatePairs(
+                name, [event(a, lb) for a, _ in ab_all], [event(b, lc) for _, b in ab_all], _clusters([a for a, _ in ab_all]),
+                [event(a, lb) for a, _ in aa_all] if len(aa_all) >= 2 else None,
+                [event(b, la) for _, b in aa_all] if len(aa_all) >= 2 else None,
+                _clusters([a for a, _ in aa_all]) if len(aa_all) >= 2 else None))
+    tokens, coverage = None, TokenCoverage(requested=False)
+    if teacher_forcing:
+        tokens, coverage = _token_pairs(base, cand, base_forced_again or {}, [a.key for a, _ in ab_all])
+    return GateInputs(
+        accuracy=tuple(accuracy), lengths=lengths, lengths_floor=floor, tokens=tokens, coverage=coverage,
+        rates=tuple(rates),
+        base_requests=RequestCounts(sum(1 for k in keys if k in base.samples and not base.samples[k].ok),
+                                    sum(1 for k in keys if k in base.samples)),
+        cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys)),
+    )
+
+
+def _token_pairs(base: Arm, cand: Arm, again: Mapping[Key, Forced], keys: list[Key]) -> tuple[TokenPairs | None, TokenCoverage]:
+    """Per-unit KL and top-1 against the A/A floor, and why the pairs left out were left out.
+
+    The floor is the second teacher-forcing pass on the baseline server. When that pass
+    reproduced the first bit for bit on at least MIN_REPRODUCED items, the server scores
+    deterministically: the floor is 0 on every item (measured on those, implied elsewhere)."""
+    reproduced = floor_reproduced(base.forced, again) and len(again) >= MIN_REPRODUCED
+    reasons: Counter = Counter()
+    rows = []
+    for k in keys:
+        fb, fc = base.forced.get(k), cand.forced.get(k)
+        if fb is None or fc is None:
+            reasons["not teacher-forced"] += 1
+            continue
+        ab = forced_positions(fb, fc)
+        if ab is None:
+            reasons[fb.reason or fc.reason or "tokens differ between the two servers"] += 1
+            continue
+        if k in again:
+            aa = forced_positions(fb, again[k])
+            if aa is None:
+                reasons[again[k].reason or "A/A pass tokens differ"] += 1
+                continue
+            kl_f, top_f = float(np.mean([m.kl for m in aa])), float(np.mean([m.same_top1 for m in aa]))
+        elif reproduced:
+            kl_f, top_f = 0.0, 1.0
+        else:
+            reasons["no A/A teacher-forcing pass"] += 1
+            continue
+        rows.append((k, float(np.mean([m.kl for m in ab])), kl_f, float(np.mean([m.same_top1 for m in ab])), top_f))
+    coverage = TokenCoverage(True, len(keys), len(rows), reasons)
+    if len(rows) < 2:
+        return None, coverage
+    note = (f"A/A floor: the second pass reproduced the first bit for bit on {len(again)} items, so the floor is 0"
+            if reproduced else f"A/A floor measured on {sum(1 for r in rows if r[0] in again)} pairs")
+    return TokenPairs(kl_cand=[r[1] for r in rows], kl_floor=[r[2] for r in rows], top1_cand=[r[3] for r in rows],
+                      top1_floor=[r[4] for r in rows], clusters=_clusters([base.samples[r[0]] for r in rows]),
+                      floor_note=note), coverage
+
+
+def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, Forced] | None,
+          teacher_forcing: bool = True) -> tuple[dict[str, Any], GateInputs, dict[str, Any]]:
+    """Per-suite + overall metrics, the gate's inputs (all units), and the data behind the report's plots."""
     keys = sorted(base.samples)
     suites = sorted({k[0] for k in keys})
     ab_tok = {k: forced_positions(base.forced[k], cand.forced[k]) for k in keys
               if k in base.forced and k in cand.forced}
     aa_tok = ({k: forced_positions(base.forced[k], base_forced_again[k]) for k in keys
                if k in base.forced and k in base_forced_again} if base_forced_again else {})
+    loops = (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
     sections: dict[str, Any] = {}
-    accuracy: list[AccuracyPairs] = []
     for suite in suites + [OVERALL]:
         sk = [k for k in keys if suite == OVERALL or k[0] == suite]
         ab, dropped = _pairs(base.samples, cand.samples, sk)
@@ -139,7 +264,8 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, 
         aap, _ = _pairs(base.samples, aa.samples, aak) if aa is not None else ([], 0)
         sections[suite] = {
             "task": {"ab": task_metrics(ab), "aa": task_metrics(aap) if aap else None},
-            "generation": {"ab": generation_metrics(ab), "aa": generation_metrics(aap) if aap else None},
+            "generation": {"ab": generation_metrics(ab, loops[0], loops[1]),
+                           "aa": generation_metrics(aap, loops[0], loops[2]) if aap else None},
             "teacher": {"ab": token_metrics({k: ab_tok.get(k) for k in sk if k in ab_tok}, len(sk)),
                         "aa": token_metrics({k: aa_tok.get(k) for k in sk if k in aa_tok}, len(sk)) if aa_tok else None},
             "reliability": {
@@ -148,30 +274,9 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, 
                 "aa_failed": sum(1 for k in aak if not aa.samples[k].ok) if aa is not None else None,
                 "pairs": len(ab), "dropped_pairs": dropped},
         }
-        scored = [(a, b) for a, b in ab if a.score is not None and b.score is not None]
-        if suite != OVERALL and scored:
-            accuracy.append(AccuracyPairs(suite, [a.score >= 0.5 for a, _ in scored], [b.score >= 0.5 for _, b in scored],
-                                          _clusters([a for a, _ in scored])))
+    inputs = gate_inputs(base, cand, aa, base_forced_again, keys, teacher_forcing, loops)
     ab_all, _ = _pairs(base.samples, cand.samples, keys)
     aa_all, _ = _pairs(base.samples, aa.samples, [k for k in keys if k in aa.samples]) if aa is not None else ([], 0)
-    lengths = LengthPairs([a.completion_tokens or 0 for a, _ in ab_all], [b.completion_tokens or 0 for _, b in ab_all],
-                          _clusters([a for a, _ in ab_all])) if len(ab_all) >= 2 else None
-    floor = LengthPairs([a.completion_tokens or 0 for a, _ in aa_all], [b.completion_tokens or 0 for _, b in aa_all]) \
-        if len(aa_all) >= 2 else None
-    both = [k for k in keys if ab_tok.get(k) and aa_tok.get(k)]
-    token_pairs = None
-    if len(both) >= 2:
-        token_pairs = TokenPairs(
-            kl_cand=[np.mean([m.kl for m in ab_tok[k]]) for k in both],
-            kl_floor=[np.mean([m.kl for m in aa_tok[k]]) for k in both],
-            top1_cand=[np.mean([m.same_top1 for m in ab_tok[k]]) for k in both],
-            top1_floor=[np.mean([m.same_top1 for m in aa_tok[k]]) for k in both],
-            clusters=_clusters([base.samples[k] for k in both]))
-    inputs = GateInputs(
-        accuracy=tuple(accuracy), lengths=lengths, lengths_floor=floor, tokens=token_pairs,
-        base_requests=RequestCounts(sum(not s.ok for s in base.samples.values()), len(base.samples)),
-        cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys)),
-    )
     plots = {
         "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],
                     "cand": [b.completion_tokens or 0 for _, b in ab_all],
@@ -185,13 +290,6 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, 
                   for s in suites if sections[s]["task"]["ab"]},
     }
     return sections, inputs, plots
-
-
-def _clusters(samples: list[Sample]) -> np.ndarray | None:
-    ids = [s.context_id for s in samples]
-    if not any(ids):
-        return None
-    return np.array([c if c else f"{s.suite}\x00{s.id}" for c, s in zip(ids, samples)], dtype=object)
 
 
 def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int = 8) -> list[dict[str, Any]]:

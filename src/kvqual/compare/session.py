@@ -14,7 +14,7 @@ import numpy as np
 
 from kvqual import __version__
 from kvqual.compare import metrics as mx
-from kvqual.compare.teacher import TeacherForcer, check_echo_trust, force_all, load_forced
+from kvqual.compare.teacher import TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import KvqualError, MismatchError
 from kvqual.gate import GatePolicy, decide
@@ -29,29 +29,32 @@ def teacher_file(base_dir: Path, scorer_run_id: str, again: bool = False) -> Pat
     return base_dir / f"teacher-by-{scorer_run_id}{'-again' if again else ''}.jsonl"
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"kvqual: {message}", file=sys.stderr, flush=True)
 
 
-async def _force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
-                 run: RunDefaults, own_dir: Path, again: bool) -> float | None:
-    """Teacher-force the baseline's completions on `target`; check echo against its own outputs."""
-    base_samples = [s for s in load_samples(base_dir).values() if s.ok]
+async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
+                        run: RunDefaults, own_dir: Path, *, keys: set[tuple[str, str]] | None = None,
+                        again: bool = False, check: bool = True) -> float | None:
+    """Teacher-force the baseline's completions (of the items in `keys`, all when None) on `target`;
+    `again` also runs the second pass on the same server (the token-level A/A floor). `check`:
+    first score the server's own outputs, per API kind, and refuse an echo that disagrees."""
+    base_samples = [s for s in load_samples(base_dir).values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
     forcer = TeacherForcer(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
                            run.timeout, run.concurrency)
     try:
-        own = [s for s in load_samples(own_dir).values() if s.ok and s.logprobs is not None][:3]
         trust = None
-        if own:
-            own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own if (s.suite, s.id) in items]
+        if check:
+            own = trust_sample(list(load_samples(own_dir).values()), items)
+            own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own]
             trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
-        passes = 2 if again else 1  # a second pass on the baseline server: the A/A floor of token metrics
-        _say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
-             + (" (twice: the second pass is the A/A floor)" if again else ""))
         started = time.perf_counter()
-        for repeat in range(passes):
-            await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, repeat == 1))
-        _say(f"teacher forcing on {target.name} done in {time.perf_counter() - started:.0f} s")
+        await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))
+        if again:
+            await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True))
+        say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
+             + (" twice (the second pass is the A/A floor)" if again else "")
+             + f": {time.perf_counter() - started:.0f} s")
         return trust
     finally:
         await forcer.aclose()
@@ -108,10 +111,22 @@ def _run_summary(m: RunManifest | None) -> dict[str, Any] | None:
             "suites": [{"name": s.name, "sha256": s.sha256, "n_items": s.n_items} for s in m.suites]}
 
 
+def _keys_in(samples: dict, items: set[tuple[str, str]]) -> dict:
+    return {k: v for k, v in samples.items() if (k[0], k[1]) in items}
+
+
 def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolicy, *, command: str,
           teacher_forcing: bool = True, warnings: list[str] | None = None, allow_mismatch: bool = False,
-          seed: int = 0) -> dict[str, Any]:
-    """Saved runs → the report dict (report.json). Pure given the files: same runs, same numbers."""
+          seed: int = 0, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Saved runs → the report dict (report.json). Pure given the files: same runs, same numbers.
+
+    The gate replays the looks of a sequential compare: at look k it judges the first sizes[k]
+    items of the seeded item order (runner.item_order), as the compare did after each round.
+    `plan` ({"pool", "sizes", "stop"}) comes from the compare; without it the looks are
+    `policy.looks` equal shares of the items the candidate answered."""
+    from kvqual.gate import decide_sequence, look_sizes
+    from kvqual.runner import item_order
+
     bm, cm = load_manifest(base_dir), load_manifest(cand_dir)
     am = load_manifest(aa_dir) if aa_dir else None
     base_s, cand_s = load_samples(base_dir), load_samples(cand_dir)
@@ -121,17 +136,42 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     forced_c = load_forced(teacher_file(base_dir, cm.run_id)) if teacher_forcing else {}
     tf_note = None
     if teacher_forcing and not (forced_b and forced_c):
-        tf_note = "no teacher-forced files for these runs; token-level metrics absent"
+        tf_note = "teacher forcing was requested but no teacher-forced files exist for these runs"
     elif not teacher_forcing:
-        tf_note = "--no-teacher-forcing: token-level metrics absent"
-    sections, inputs, plots = mx.build(mx.Arm(base_s, forced_b), mx.Arm(cand_s, forced_c),
-                                       mx.Arm(aa_s, {}) if aa_s is not None else None, forced_b2 or None)
+        tf_note = "--no-teacher-forcing: token-level criteria were not evaluated"
+    order = item_order(((k[0], k[1]) for k in base_s), bm.params.seed)
+    answered = {(k[0], k[1]) for k in cand_s}
+    if plan is None:
+        pool = len(answered & set(order))
+        plan = {"pool": pool, "sizes": look_sizes(pool, policy.looks), "stop": None}
+    prefix = next((i for i, k in enumerate(order) if k not in answered), len(order))  # items both arms reached
+    sizes = [n for n in plan["sizes"] if n <= prefix] or [prefix]
+    judged = set(order[: sizes[-1]])
+    base_s, aa_s = _keys_in(base_s, judged), (_keys_in(aa_s, judged) if aa_s is not None else None)
+    arm_b, arm_c = mx.Arm(base_s, forced_b), mx.Arm(cand_s, forced_c)
+    arm_a = mx.Arm(aa_s, {}) if aa_s is not None else None
+    sections, inputs, plots = mx.build(arm_b, arm_c, arm_a, forced_b2 or None, teacher_forcing)
     tb, tc = mx.throughput_pairs(base_s, cand_s)
-    if policy.min_speedup is not None and tb.size >= 2:
-        from dataclasses import replace
+    loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
+    looks = []
+    for n in sizes:
+        items_n = set(order[:n])
+        keys = sorted(k for k in base_s if (k[0], k[1]) in items_n)
+        look = inputs if n == sizes[-1] else mx.gate_inputs(arm_b, arm_c, arm_a, forced_b2 or None, keys,
+                                                             teacher_forcing, loops)
+        if policy.min_speedup is not None and tb.size >= 2:
+            from dataclasses import replace
 
-        inputs = replace(inputs, base_throughput=tb, cand_throughput=tc)
-    verdict = decide(policy, inputs, np.random.default_rng(seed))
+            look = replace(look, base_throughput=tb, cand_throughput=tc)
+        looks.append((n, look))
+    verdict = decide_sequence(policy, looks, seed)
+    vjson = verdict.to_json()
+    taken = len(verdict.looks)
+    stop = _stop_reason(verdict.verdict, taken, sizes, plan)
+    vjson["sequential"] = {**vjson.get("sequential", {}), "pool": plan["pool"], "sizes": list(plan["sizes"]),
+                           "nominal_alpha": mx._r(verdict.criteria[0].level or policy.alpha, 6), "stop": stop}
+    if verdict.verdict == "INCONCLUSIVE":
+        vjson["reason"] += f"; {stop}"
     speed = None
     sb = mx.speed(base_s, bm.concurrency, bm.server_metrics)
     sc = mx.speed(cand_s, cm.concurrency, cm.server_metrics)
@@ -143,15 +183,44 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
             r, _ = st.ratio_of_means_ci(tb, tc)
             ratio = {"estimate": mx._r(r.estimate), "ci_low": mx._r(r.low), "ci_high": mx._r(r.high)}
         speed = {"baseline": sb, "candidate": sc, "ratio": ratio}
+    cov = inputs.coverage
     return {
         "schema_version": REPORT_SCHEMA_VERSION, "kvqual_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(bm.finished_at or 0, cm.finished_at or 0))),
-        "command": command, "verdict": verdict.to_json(),
+        "command": command, "verdict": vjson,
         "runs": {"baseline": _run_summary(bm), "candidate": _run_summary(cm), "aa": _run_summary(am)},
-        "teacher_forcing": {"enabled": bool(teacher_forcing and forced_b and forced_c), "note": tf_note},
+        "teacher_forcing": {
+            "enabled": bool(teacher_forcing and forced_b and forced_c), "requested": teacher_forcing, "note": tf_note,
+            "pairs": cov.pairs if cov else 0, "usable": cov.usable if cov else 0,
+            "left_out": dict(cov.reasons.most_common()) if cov else {},
+            "floor": inputs.tokens.floor_note if inputs.tokens is not None else None},
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []),
         "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s),
     }
+
+
+def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
+    """The look plan of the compare that wrote `out_dir/report.json`, so `kvqual report` replays
+    the same looks; None (derive it) when there is none or the planned looks differ."""
+    try:
+        seq = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))["verdict"].get("sequential") or {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not seq.get("sizes") or seq.get("planned_looks") != policy.looks:
+        return None
+    stop = seq.get("stop") or ""
+    return {"pool": seq["pool"], "sizes": seq["sizes"], "stop": stop.split(": ", 1)[1] if ": " in stop and
+            stop.startswith("stopped") else None}
+
+
+def _stop_reason(verdict: str, taken: int, sizes: list[int], plan: dict[str, Any]) -> str:
+    """Why the sequential compare stopped where it did, in words."""
+    planned = len(plan["sizes"])
+    if verdict != "INCONCLUSIVE":
+        return f"decided at look {taken} of {planned} ({sizes[taken - 1]} of {plan['pool']} items)"
+    if plan.get("stop"):
+        return f"stopped at look {taken} of {planned} ({sizes[taken - 1]} items): {plan['stop']}"
+    return f"budget spent: all {sizes[taken - 1]} items judged at look {taken} of {planned}"
 
 
 def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
@@ -164,18 +233,37 @@ def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def bound_text(c: dict[str, Any]) -> str:
+    lo, hi = c["bound_low"], c["bound_high"]
+    if lo is not None and hi is not None:
+        return f"[{lo:.4g}, {hi:.4g}]"
+    return f"≥ {lo:.4g}" if lo is not None else f"≤ {hi:.4g}" if hi is not None else "—"
+
+
+def teacher_line(report: dict[str, Any]) -> str | None:
+    """One line on teacher forcing: off, or on how many pairs it rests and why the rest were left out."""
+    tf = report.get("teacher_forcing") or {}
+    if not tf.get("requested", tf.get("enabled")):
+        return "teacher forcing OFF (--no-teacher-forcing): the token-level criteria were not evaluated"
+    pairs, usable = tf.get("pairs") or 0, tf.get("usable") or 0
+    if not pairs:
+        return tf.get("note")
+    left = tf.get("left_out") or {}
+    why = "; left out: " + ", ".join(f"{r} ({k})" for r, k in left.items()) if left else ""
+    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){why}"
+
+
 def console_summary(report: dict[str, Any]) -> str:
     v = report["verdict"]
-    lines = [f"{v['verdict']}: {v['reason']}", ""]
-    lines.append(f"{'criterion':<28}{'estimate':>10}  {'interval':<22}{'bound':<18}status")
+    lines = [f"{v['verdict']}: {v['reason']}"]
+    tf = teacher_line(report)
+    if tf:
+        lines.append(tf)
+    lines += ["", f"{'criterion':<28}{'role':<9}{'estimate':>10}  {'interval':<22}{'bound':<16}status"]
     for c in v["criteria"]:
-        label = f"{c['name']}[{c['suite']}]" if c["suite"] else c["name"]
         est = "—" if c["estimate"] is None else f"{c['estimate']:.4g}"
         ci = "—" if c["ci_low"] is None else f"[{c['ci_low']:.4g}, {c['ci_high']:.4g}]"
-        lo, hi = c["bound_low"], c["bound_high"]
-        bound = f"≥ {lo:.4g}" if hi is None and lo is not None else f"≤ {hi:.4g}" if lo is None and hi is not None \
-            else f"[{lo:.4g}, {hi:.4g}]" if lo is not None else "—"
-        lines.append(f"{label:<28}{est:>10}  {ci:<22}{bound:<18}{c['status'].upper()}")
+        lines.append(f"{c['label']:<28}{c['role']:<9}{est:>10}  {ci:<22}{bound_text(c):<16}{c['status'].upper()}")
     ov = report["suites"].get("overall", {})
     gen, tok = (ov.get("generation") or {}).get("ab"), (ov.get("teacher") or {}).get("ab")
     if gen:
@@ -184,6 +272,9 @@ def console_summary(report: dict[str, Any]) -> str:
     if tok:
         lines.append(f"teacher-forced: mean KL {tok['mean_kl']:.4g}, same top-1 {tok['same_top1_rate']:.1%} "
                      f"over {tok['n_tokens']} tokens")
+    seq = v.get("sequential")
+    if seq and seq.get("looks"):
+        lines.append(f"sequential: {seq['stop']}; each look tested at nominal α′ = {seq['nominal_alpha']:.4g}")
     if report.get("speed"):
         s = report["speed"]
         r = s["ratio"]

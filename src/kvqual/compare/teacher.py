@@ -28,7 +28,7 @@ from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
 # ~0.02 for fp8_e4m3 and 0.108 measured for fp8_e5m2 (2 mantissa bits) on the reference server.
 # An echo shifted by one position or from another model is off by whole nats.
 ECHO_TRUST_MAX_MEAN_ABS = 0.5
-ECHO_TRUST_ITEMS = 3
+ECHO_TRUST_ITEMS = 3  # own outputs scored per API kind (chat, completions) before forcing
 
 
 @dataclass(frozen=True)
@@ -136,23 +136,44 @@ def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | N
 
 async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
                     out: Path) -> list[Forced]:
-    """Teacher-force every sample (reusing a finished file), writing `out` as JSONL."""
-    if out.is_file():
-        done = [Forced.from_json(json.loads(l)) for l in out.read_text(encoding="utf-8").splitlines() if l.strip()]
-        if {(f.suite, f.id, f.repeat) for f in done} >= {s.key for s in samples}:
-            return done
-    tasks = [forcer.force(items[(s.suite, s.id)], s) for s in samples if (s.suite, s.id) in items]
-    results = await asyncio.gather(*tasks)
-    tmp = out.with_name(f".{out.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for f in results:
-            fh.write(dumps_line(f.to_json()))
-    tmp.replace(out)
-    return list(results)
+    """Teacher-force every sample not already in `out` (JSONL), appending the new ones: a
+    sequential compare forces each round's items once, and an interrupted pass resumes."""
+    done = load_forced(out)
+    todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]
+    if todo:
+        results = await asyncio.gather(*(forcer.force(items[(s.suite, s.id)], s) for s in todo))
+        with out.open("a", encoding="utf-8") as fh:
+            for f in results:
+                fh.write(dumps_line(f.to_json()))
+        done.update({(f.suite, f.id, f.repeat): f for f in results})
+    return [done[s.key] for s in samples if s.key in done]
+
+
+def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_kind: int = ECHO_TRUST_ITEMS) -> list[Sample]:
+    """The server's own outputs the echo check scores: `per_kind` of each API kind (chat and
+    completions are rendered differently, so each path is checked on its own)."""
+    picked: dict[str, list[Sample]] = {}
+    for s in own:
+        item = items.get((s.suite, s.id))
+        if item is None or s.logprobs is None or not s.ok:
+            continue
+        bucket = picked.setdefault(item.api, [])
+        if len(bucket) < per_kind:
+            bucket.append(s)
+    return [s for bucket in picked.values() for s in bucket]
 
 
 def load_forced(path: Path) -> dict[tuple[str, str, int], Forced]:
+    """Forced items by key; a torn last line (an interrupted pass) is skipped and forced again."""
     if not path.is_file():
         return {}
-    rows = [Forced.from_json(json.loads(l)) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
-    return {(f.suite, f.id, f.repeat): f for f in rows}
+    out: dict[tuple[str, str, int], Forced] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            f = Forced.from_json(json.loads(line))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+        out[(f.suite, f.id, f.repeat)] = f
+    return out

@@ -1,0 +1,177 @@
+"""The sequential compare: rounds of items on both arms, judged after each, until decided or a budget is spent.
+
+Round k covers the first sizes[k] items of the seeded item order (gate.look_sizes: equal
+shares of the pool, `[gate] looks` of them; 1 = fixed-n). Each round runs the baseline, its
+A/A generation replicate (the `aa_fraction` share of the round's items), teacher forcing of
+the baseline's completions on the baseline (plus the A/A pass, which stops once a deterministic
+server has reproduced it bit for bit) and on the candidate; then the gate judges everything so
+far (`session.judge`, pure over the saved files). Every answer lands in the run folders first,
+so an interrupted compare resumes where it stopped.
+
+When both servers can run at once (the built-in targets, or targets kvqual does not launch)
+they stay up for the whole compare and the rounds alternate between them. Otherwise (`launch`
+targets, which may need every GPU) the baseline runs all rounds first and the candidate is
+judged round by round: the candidate's server time is what a decided verdict saves there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvqual.compare import metrics as mx
+from kvqual.compare import session
+from kvqual.compare.teacher import load_forced
+from kvqual.config import Config, RunDefaults, Target
+from kvqual.gate import look_sizes
+from kvqual.records import RunManifest
+from kvqual.runner import item_order, run_target
+from kvqual.store import load_samples
+from kvqual.suites import LoadedSuite
+
+
+@dataclass
+class CompareState:
+    """What the rounds produced so far."""
+
+    bm: RunManifest | None = None
+    am: RunManifest | None = None
+    cm: RunManifest | None = None
+    warnings: list[str] = field(default_factory=list)
+    looks_taken: int = 0
+    stop: str | None = None
+    report: dict[str, Any] | None = None
+
+
+def serve_together(config: Config, base: Target, cand: Target) -> bool:
+    """Both servers up at once: the built-in targets (small, CPU) or targets kvqual does not start."""
+    if config.run.serve_together is not None:
+        return config.run.serve_together
+    return config.builtin or (not base.launch and not cand.launch)
+
+
+class Compare:
+    """One `kvqual compare BASE CAND`: the round loop, the budgets and the judging after each round."""
+
+    def __init__(self, config: Config, run: RunDefaults, suites: tuple[LoadedSuite, ...], base_t: Target,
+                 cand_t: Target, *, teacher_forcing: bool, allow_mismatch: bool, rerun: bool, command: str) -> None:
+        self.config, self.run, self.suites = config, run, suites
+        self.base_t, self.cand_t = base_t, cand_t
+        self.tf, self.allow_mismatch, self.rerun, self.command = teacher_forcing, allow_mismatch, rerun, command
+        self.items = {(i.suite, i.id): i for s in suites for i in s.items}
+        self.order = item_order(self.items, run.seed)
+        pool = len(self.order) if run.max_items is None else min(run.max_items, len(self.order))
+        self.pool = pool
+        self.sizes = look_sizes(pool, config.gate.looks)
+        self.root = Path(run.results_dir)
+        self.state = CompareState()
+        self.started = time.monotonic()
+        self.tokens_spent = 0
+        self.base_rounds, self.base_stop = len(self.sizes), None  # baseline rounds run (separate servers)
+
+    # ------------------------------------------------------------ one round per arm
+
+    async def base_round(self, t: Target, k: int) -> None:
+        upto, first = self.sizes[k], k == 0
+        run = self.run
+        bm = await run_target(t, self.suites, run, limit=run.limit, rerun=self.rerun and first, items_upto=upto)
+        if run.aa_fraction > 0:
+            self.state.am = await run_target(t, self.suites, run, limit=run.limit, replicate=1,
+                                             fraction=run.aa_fraction, rerun=self.rerun and first, items_upto=upto)
+        self.state.bm = bm
+        if self.tf:
+            base_dir = self.root / bm.run_id
+            again = first or not self._floor_reproduced(bm)
+            await session.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir,
+                                        keys=set(self.order[:upto]), again=again, check=first)
+        self._spent()
+
+    async def cand_round(self, t: Target, k: int) -> None:
+        upto, first = self.sizes[k], k == 0
+        bm = self.state.bm
+        assert bm is not None
+        if first:  # refuse a comparison of the wrong thing before spending server time on it
+            self.state.warnings = session.verify(bm, await session.as_reported(t, bm), self.allow_mismatch)
+        # `compare bf16 bf16` is an A/A check: the candidate is a fresh, independent run (replicate 2)
+        # of a separately started server, never the baseline's own answers
+        cm = await run_target(t, self.suites, self.run, limit=self.run.limit, rerun=self.rerun and first,
+                              replicate=2 if self.cand_t.name == self.base_t.name else 0, items_upto=upto)
+        self.state.cm = cm
+        if self.tf:
+            await session.teacher_force(t, cm, self.root / bm.run_id, self.items, self.run,
+                                        own_dir=self.root / cm.run_id, keys=set(self.order[:upto]), check=first)
+        self._spent()
+
+    def _floor_reproduced(self, bm: RunManifest) -> bool:
+        base_dir = self.root / bm.run_id
+        again = load_forced(session.teacher_file(base_dir, bm.run_id, True))
+        return mx.floor_reproduced(load_forced(session.teacher_file(base_dir, bm.run_id)), again) \
+            and len(again) >= mx.MIN_REPRODUCED
+
+    def _spent(self) -> None:
+        """Generated tokens so far, every arm and the A/A replicate together (the token budget)."""
+        self.tokens_spent = sum(sum(s.completion_tokens or 0 for s in load_samples(self.root / m.run_id).values())
+                                for m in (self.state.bm, self.state.am, self.state.cm) if m is not None)
+
+    # ------------------------------------------------------------ judging and budgets
+
+    def judge(self, k: int) -> dict[str, Any]:
+        s = self.state
+        assert s.bm is not None and s.cm is not None
+        plan = {"pool": self.pool, "sizes": self.sizes[: k + 1] if s.stop else self.sizes, "stop": s.stop}
+        return session.judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
+                             self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
+                             teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,
+                             seed=self.run.seed, plan=plan)
+
+    def budget_left(self, k: int) -> str | None:
+        """Why no further round may start after round k (None: it may)."""
+        run = self.run
+        if k + 1 >= len(self.sizes):
+            return None
+        minutes = (time.monotonic() - self.started) / 60
+        if run.max_minutes is not None and minutes >= run.max_minutes:
+            return f"max_minutes {run.max_minutes:g} reached ({minutes:.1f} min)"
+        if run.budget_tokens is not None and self.tokens_spent >= run.budget_tokens:
+            return f"budget_tokens {run.budget_tokens} reached ({self.tokens_spent} generated)"
+        return None
+
+    def _decided_at(self, k: int) -> bool:
+        """Judge after round k; True when the compare should stop (decided, or a budget spent)."""
+        self.state.looks_taken = k + 1
+        self.state.stop = self.budget_left(k) or (self.base_stop if k + 1 == self.base_rounds else None)
+        report = self.judge(k)
+        self.state.report = report
+        decided = report["verdict"]["verdict"] != "INCONCLUSIVE"
+        session.say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report['verdict']['verdict']}"
+                    + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
+        return decided or self.state.stop is not None
+
+    async def execute(self) -> dict[str, Any]:
+        from kvqual.commands import serving
+
+        together = serve_together(self.config, self.base_t, self.cand_t)
+        rd = self.run.results_dir
+        if together:
+            async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
+                for k in range(len(self.sizes)):
+                    await self.base_round(b, k)
+                    await self.cand_round(c, k)
+                    if self._decided_at(k):
+                        break
+        else:
+            async with serving(self.base_t, rd) as b:
+                for k in range(len(self.sizes)):
+                    await self.base_round(b, k)
+                    self.base_rounds, self.base_stop = k + 1, self.budget_left(k)
+                    if self.base_stop:
+                        break
+            async with serving(self.cand_t, rd) as c:
+                for k in range(self.base_rounds):
+                    await self.cand_round(c, k)
+                    if self._decided_at(k):
+                        break
+        assert self.state.report is not None
+        return self.state.report
