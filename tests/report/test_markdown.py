@@ -22,10 +22,10 @@ def test_verdict_and_reason_come_first(report):
 
 def test_criteria_table_has_one_row_per_criterion_with_estimate_ci_bound_status(report):
     text = render_markdown(report)
-    assert "| mean KL beyond A/A floor | overall | 0.041 | [0.034, 0.049] (90%) | ≤ 0.03 | ❌ fail | 40 |" in text
-    assert "| accuracy difference (cand − base) | arith | -0.05 | [-0.16, 0.06] (90%) | ≥ -0.05 | ⚠️ inconclusive (≈140 more items would decide) |" in text
+    assert "| mean KL beyond A/A floor | overall | primary | 0.041 | [0.034, 0.049] (90%) | ≤ 0.03 | ❌ fail | 40 items |" in text
+    assert "| accuracy difference (cand − base) | arith | primary | -0.05 | [-0.16, 0.06] (90%) | ≥ -0.05 | ⚠️ inconclusive (≈140 more items would decide) |" in text
     assert "| within [0.9, 1.1] | ✅ pass |" in text
-    assert "| throughput ratio (cand / base) | overall | — | — | — | ➖ not_evaluated |" in text
+    assert "| throughput ratio (cand / base) | overall | primary | — | — | — | ➖ not_evaluated |" in text
     section = text.split("### Criteria")[1].split("###")[0]
     rows = [l for l in section.splitlines() if l.startswith("| ") and "Criterion" not in l]
     assert len(rows) == len(report["verdict"]["criteria"]) == 7
@@ -62,7 +62,7 @@ def test_nulls_and_empty_lists_render_not_measured(null_report):
     assert "### Throughput\n\n_Not measured._" in text
     assert "_No suite information recorded._" in text
     assert "(command not recorded)" in text
-    assert "| accuracy difference (cand − base) | overall | — | — | — | ➖ not_evaluated | 0 |  |" in text
+    assert "| accuracy difference (cand − base) | overall | primary | — | — | — | ➖ not_evaluated | 0 items |  |" in text
 
 
 def test_stays_under_github_comment_limit_with_a_note(report):

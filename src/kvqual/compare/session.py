@@ -240,22 +240,11 @@ def bound_text(c: dict[str, Any]) -> str:
     return f"≥ {lo:.4g}" if lo is not None else f"≤ {hi:.4g}" if hi is not None else "—"
 
 
-def teacher_line(report: dict[str, Any]) -> str | None:
-    """One line on teacher forcing: off, or on how many pairs it rests and why the rest were left out."""
-    tf = report.get("teacher_forcing") or {}
-    if not tf.get("requested", tf.get("enabled")):
-        return "teacher forcing OFF (--no-teacher-forcing): the token-level criteria were not evaluated"
-    pairs, usable = tf.get("pairs") or 0, tf.get("usable") or 0
-    if not pairs:
-        return tf.get("note")
-    left = tf.get("left_out") or {}
-    why = "; left out: " + ", ".join(f"{r} ({k})" for r, k in left.items()) if left else ""
-    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){why}"
-
-
 def console_summary(report: dict[str, Any]) -> str:
     v = report["verdict"]
     lines = [f"{v['verdict']}: {v['reason']}"]
+    from kvqual.report.summary import sequential_line, teacher_line
+
     tf = teacher_line(report)
     if tf:
         lines.append(tf)
@@ -272,9 +261,9 @@ def console_summary(report: dict[str, Any]) -> str:
     if tok:
         lines.append(f"teacher-forced: mean KL {tok['mean_kl']:.4g}, same top-1 {tok['same_top1_rate']:.1%} "
                      f"over {tok['n_tokens']} tokens")
-    seq = v.get("sequential")
-    if seq and seq.get("looks"):
-        lines.append(f"sequential: {seq['stop']}; each look tested at nominal α′ = {seq['nominal_alpha']:.4g}")
+    seq = sequential_line(report)
+    if seq:
+        lines.append(seq)
     if report.get("speed"):
         s = report["speed"]
         r = s["ratio"]

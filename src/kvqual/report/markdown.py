@@ -60,12 +60,17 @@ def _criteria_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
         rows = sorted(rows, key=lambda r: _STATUS_ORDER.get(r.status, 4))
     rows, note = _capped(rows, cap, "criteria (failing and inconclusive listed first)")
     body = table(
-        ["Criterion", "Suite", "Estimate", "CI", "Bound", "Status", "n", "Detail"],
-        ([r.label, r.suite, r.estimate, r.ci, r.bound, f"{r.icon} {r.status}"
-          + (f" (≈{r.n_more} more items would decide)" if r.status == "inconclusive"
-             and r.n_more != S.MISSING else ""), r.n, r.detail] for r in rows),
+        ["Criterion", "Suite", "Role", "Estimate", "CI", "Bound", "Status", "n", "Detail"],
+        ([r.label, r.suite, r.role, r.estimate, r.ci, r.bound, f"{r.icon} {r.status}"
+          + (f" (≈{r.n_more} more {r.unit} would decide)" if r.status == "inconclusive"
+             and r.n_more != S.MISSING else ""), f"{r.n} {r.unit}", r.detail] for r in rows),
     )
-    return ["### Criteria", ""] + body + note
+    out = ["### Criteria", ""] + body + note
+    header, looks = S.trajectory_rows(report)
+    if len(looks) > 0:
+        out += ["", "**Sequential looks** (each primary criterion's interval as items accumulate):", ""]
+        out += table(header, looks)
+    return out
 
 
 def _compared_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
@@ -125,10 +130,13 @@ def _render(report: Mapping[str, Any], cap: int | None) -> str:
         "",
         f"**{inline(reason)}**",
         "",
-        f"Exit code {S.exit_code(report)}. PASS needs every criterion shown inside its bound; "
-        "FAIL means one is shown outside; INCONCLUSIVE means an interval straddles a bound.",
+        f"Exit code {S.exit_code(report)}. PASS needs every primary criterion shown inside its bound; "
+        "FAIL means one criterion (primary or guard) is shown outside; INCONCLUSIVE means an interval "
+        "straddles a bound.",
         "",
     ]
+    extras = [f"- {inline(x)}" for x in (S.teacher_line(report), S.sequential_line(report)) if x]
+    lines += extras + ([""] if extras else [])
     sections = [
         _criteria_section(report, cap),
         _compared_section(report, cap),

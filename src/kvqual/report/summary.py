@@ -22,6 +22,9 @@ VERDICT_ICON = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️"}
 
 CRITERION_LABEL = {
     "accuracy": "accuracy difference (cand − base)",
+    "accuracy_pooled": "accuracy difference, all suites (stratified)",
+    "truncation_excess": "truncation rate beyond A/A floor",
+    "loop_excess": "repetition-loop rate beyond A/A floor",
     "length_ratio": "output length ratio (cand / base)",
     "kl_excess": "mean KL beyond A/A floor",
     "top1_loss": "same-top-1 loss beyond A/A floor",
@@ -48,6 +51,8 @@ class CriterionRow:
     detail: str
     n: str
     n_more: str
+    role: str = "primary"
+    unit: str = "items"
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,8 @@ def criterion_rows(report: Mapping[str, Any]) -> list[CriterionRow]:
                 detail=str(c.get("detail") or ""),
                 n=fmt_num(c.get("n")),
                 n_more=fmt_num(c.get("n_more")),
+                role=str(c.get("role") or "primary"),
+                unit=str(c.get("unit") or "items"),
             )
         )
     return rows
@@ -372,3 +379,45 @@ def verdict_line(report: Mapping[str, Any]) -> tuple[str, str, str]:
 def exit_code(report: Mapping[str, Any]) -> str:
     """The exit code the gate returned, as text ('—' when absent)."""
     return fmt_num(get(report, "verdict", "exit_code"))
+
+
+def teacher_line(report: Mapping[str, Any]) -> str | None:
+    """One line on teacher forcing: off, or how many pairs the token criteria rest on and why the
+    rest were left out (shown right under the verdict: a missing criterion must be visible)."""
+    tf = report.get("teacher_forcing") or {}
+    if not tf.get("requested", tf.get("enabled")):
+        return "teacher forcing OFF (--no-teacher-forcing): the token-level criteria were not evaluated"
+    pairs, usable = tf.get("pairs") or 0, tf.get("usable") or 0
+    if not pairs:
+        return tf.get("note")
+    left = tf.get("left_out") or {}
+    why = "; left out: " + ", ".join(f"{r} ({k})" for r, k in left.items()) if left else ""
+    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){why}"
+
+
+def sequential_line(report: Mapping[str, Any]) -> str | None:
+    """Where a sequential compare stopped and the level each look tested at."""
+    seq = get(report, "verdict", "sequential") or {}
+    if not seq.get("looks"):
+        return None
+    return (f"sequential: {seq.get('stop')}; each look tested at the Pocock nominal level "
+            f"α′ = {fmt_num(seq.get('nominal_alpha'))} ({seq.get('planned_looks')} planned looks)")
+
+
+def trajectory_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The primary criteria's intervals at each look: (header, rows)."""
+    seq = get(report, "verdict", "sequential") or {}
+    looks = seq.get("looks") or []
+    primary = [c.get("label") or (f"{c['name']}[{c['suite']}]" if c.get("suite") else c["name"])
+               for c in get(report, "verdict", "criteria") or []
+               if c.get("role", "primary") == "primary" and c.get("status") != "not_evaluated"
+               and not str(c.get("name", "")).startswith("failed_rate")]
+    rows = []
+    for look in looks:
+        row = [str(look.get("look")), str(look.get("items")), str(look.get("verdict"))]
+        for label in primary:
+            c = (look.get("criteria") or {}).get(label) or {}
+            ci = fmt_interval([c.get("ci_low"), c.get("ci_high")])
+            row.append(f"{fmt_num(c.get('estimate'))} {ci} {c.get('status', '')}".strip())
+        rows.append(row)
+    return ["look", "items", "verdict"] + primary, rows
