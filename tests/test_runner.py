@@ -13,7 +13,7 @@ import pytest
 from kvtest import write_config, write_suite
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
-from kvqual.runner import in_fraction, plan_units, run_target
+from kvqual.runner import in_fraction, item_order, plan_units, run_target
 from kvqual.store import RETRIED, load_manifest, load_samples
 from kvqual.suites import load_suites
 
@@ -103,6 +103,30 @@ def test_order_is_seeded_and_fraction_is_stable(tmp_path):
     quarter = [i.id for i in s[0].items if in_fraction("s", i.id, 0.25)]
     assert 5 <= len(quarter) <= 22
     assert len(plan_units(s, 1, seed=1, fraction=0.25)) == len(quarter)
+
+
+def test_item_order_is_a_property_of_each_item_so_any_subset_keeps_it():
+    keys = [("s", str(i)) for i in range(40)]
+    full = item_order(keys, seed=7)
+    subset = item_order(keys[::3], seed=7)
+    assert subset == [k for k in full if k in set(keys[::3])]
+    assert full != item_order(keys, seed=8) and sorted(full) == sorted(keys)
+
+
+def test_rounds_send_each_items_units_once_and_resume_into_one_run(tmp_path, fake_server):
+    server = fake_server()
+    s = suite(tmp_path, [{"id": str(i), "prompt": f"round prompt {i}"} for i in range(20)])
+    target = Target(name="t", base_urls=(server.base_url,))
+    defaults = RunDefaults(results_dir=str(tmp_path / "results"), retries=1, timeout=10, repeats=2)
+    first = asyncio.run(run_target(target, s, defaults, progress=False, items_upto=5))
+    assert first.status == "partial" and first.counts["ok"] == 10 and first.counts["plan_units"] == 40
+    order = item_order([("s", str(i)) for i in range(20)], seed=defaults.seed)
+    done = {k[1] for k in load_samples(tmp_path / "results" / first.run_id)}
+    assert done == {k[1] for k in order[:5]}  # the first five items of the seeded order, both repeats
+    again = asyncio.run(run_target(target, s, defaults, progress=False, items_upto=5))
+    assert sum(server.stats().values()) == 10 and again.run_id == first.run_id  # nothing sent twice
+    last = asyncio.run(run_target(target, s, defaults, progress=False, items_upto=20))
+    assert last.status == "complete" and last.run_id == first.run_id and sum(server.stats().values()) == 40
 
 
 def test_resume_after_sigkill(tmp_path, fake_server):
