@@ -123,3 +123,24 @@ def test_a_target_against_itself_is_a_real_aa_comparison(tmp_path, fake_server):
     # --stream measured time to first token on both arms (one-token answers: no inter-token gap)
     assert rep["speed"]["baseline"]["ttft_p50"] > 0 and rep["speed"]["candidate"]["ttft_p50"] > 0
     assert rep["speed"]["candidate"]["itl_p50"] is None
+
+
+def test_token_criteria_that_cannot_be_measured_never_pass(tmp_path, fake_server):
+    """Chat items on a server without a /tokenize that takes messages: teacher forcing cannot render
+    them, so the token criteria are open (with the reason), never quietly dropped."""
+    setup(tmp_path, fake_server, [], n=0)
+    chat = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}: [[answer={i}]]"}],
+             "answer": str(i), "scorer": "exact"} for i in range(120)]
+    write_suite(tmp_path / "chat.jsonl", chat)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "chat.jsonl")
+    assert r.returncode == 3, r.stdout + r.stderr
+    rep = report_of(tmp_path)
+    assert criterion(rep, "kl_excess")["status"] == "inconclusive"
+    assert rep["teacher_forcing"]["usable"] == 0 and rep["teacher_forcing"]["pairs"] == 120
+    assert "chat prompt cannot be rendered" in " ".join(rep["teacher_forcing"]["left_out"])
+    assert r.stdout.splitlines()[1].startswith("teacher forcing: token metrics on 0 of 120 pairs (0%)")
+    md = next((tmp_path / "results").glob("compare-*/report.md")).read_text()
+    assert "token metrics on 0 of 120 pairs" in md.split("### Criteria")[0]
+    off = kvqual(tmp_path, "compare", "base", "cand", "--suite", "chat.jsonl", "--no-teacher-forcing")
+    assert off.returncode == 0, off.stdout + off.stderr  # the rest decides; the report says what is missing
+    assert off.stdout.splitlines()[1].startswith("teacher forcing OFF")
