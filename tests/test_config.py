@@ -57,7 +57,7 @@ def test_api_key_comes_from_env_only(tmp_path, monkeypatch):
     ('[targets.a]\nbase_url = "ftp://x/v1"\n', "targets.a.base_url", "not an http"),
     ('[targets.a]\nbase_url = "http://x:99999999/v1"\n', "targets.a.base_url", "port"),
     ('[targets.a]\nmodel = "m"\n', "targets.a.base_url", "missing"),
-    ('[targets.a]\nbase_url = "http://x/v1"\nkv_cache_dtype = "int3"\n', "targets.a.kv_cache_dtype", "not one of"),
+    ('[targets.a]\nbase_url = "http://x/v1"\nkv_cache_dtype = "fp8 e4m3"\n', "targets.a.kv_cache_dtype", "not a KV dtype name"),
     ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nconcurrency = "many"\n', "run.concurrency", "expected an integer"),
     ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nconcurrency = 0\n', "run.concurrency", "at least 1"),
     ('[targets.a]\nbase_url = "http://x/v1"\n[run]\ntop_logprobs = 50\n', "run.top_logprobs", "20"),
@@ -119,3 +119,14 @@ def test_overrides_validate(tmp_path):
     assert run.concurrency == 3 and run.suites == ("suites/example.jsonl",)
     with pytest.raises(ConfigError, match="--concurrency"):
         Overrides({"concurrency": -1}).apply(cfg.run)
+
+
+def test_a_config_that_names_no_suites_runs_the_default_mix(tmp_path, monkeypatch):
+    from kvqual.commands import DEFAULT_PROFILE, prepare
+
+    (tmp_path / "kvqual.toml").write_text('[targets.a]\nbase_url = "http://127.0.0.1:1/v1"\nkv_cache_dtype = "q8_0"\n')
+    monkeypatch.chdir(tmp_path)
+    config, run, suites = prepare(None, {}, None)
+    assert not config.builtin and config.target("a").kv_cache_dtype == "q8_0"  # llama.cpp's name is accepted
+    assert {s.ref.name for s in suites} == {s.ref.name for s in prepare(None, {"suites": [DEFAULT_PROFILE]}, None)[2]}
+    assert sum(len(s.items) for s in suites) == 124

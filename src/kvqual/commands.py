@@ -12,7 +12,6 @@ import sys
 from typing import Any, AsyncIterator, Callable
 
 from kvqual.config import Config, Overrides, RunDefaults, Target, load_config
-from kvqual.errors import UsageError
 from kvqual.records import RunManifest
 from kvqual.suites import LoadedSuite, load_suites
 
@@ -24,9 +23,7 @@ def prepare(config_path: str | None, overrides: dict[str, Any],
     """Config + command-line overrides + loaded suites (any problem: exit 2 before a request)."""
     config = load_config(config_path)
     run = Overrides(overrides).apply(config.run)
-    specs = run.suites or ((DEFAULT_PROFILE,) if config.builtin else ())
-    if not specs:
-        raise UsageError(f"no suites: pass --suite FILE.jsonl (or set run.suites in {config.path})")
+    specs = run.suites or (DEFAULT_PROFILE,)  # no suites named: the default mix, as for the built-in targets
     suites = tuple(load_suites(specs, seed=run.seed, limit=run.limit, include_path=include_path))
     return config, run, suites
 

@@ -8,6 +8,7 @@ reference server (`kvqual serve`), launched by kvqual on a free port.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import tomllib
@@ -22,7 +23,9 @@ if TYPE_CHECKING:
     from kvqual.gate import GatePolicy
 
 DEFAULT_CONFIG_NAME = "kvqual.toml"
-KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2")
+# kv_cache_dtype takes any engine's name (SGLang fp8_e4m3, vLLM fp8, llama.cpp f16 / q8_0 / q4_0, …):
+# a word of letters, digits, "_", "." or "-"; compare/session.py knows which names are aliases.
+KV_CACHE_DTYPE_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,32}")
 BUILTIN_SOURCE = "<built-in targets: kvqual serve>"
 
 
@@ -166,8 +169,9 @@ def _parse_target(path: str, name: str, table: Any) -> Target:
         _check_type(path, f"{prefix}.base_url", u, (str,))
         urls.append(_check_url(path, f"{prefix}.base_url", u))
     dtype = table.get("kv_cache_dtype")
-    if dtype is not None and dtype not in KV_CACHE_DTYPES:
-        raise ConfigError(path, f"{prefix}.kv_cache_dtype", f"{dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    if dtype is not None and not KV_CACHE_DTYPE_PATTERN.fullmatch(dtype):
+        raise ConfigError(path, f"{prefix}.kv_cache_dtype",
+                          f"{dtype!r} is not a KV dtype name (e.g. bf16, fp8_e4m3, fp8, f16, q8_0)")
     launch = table.get("launch")
     if launch is not None:
         try:

@@ -70,6 +70,9 @@ def verify(base: RunManifest, cand: RunManifest, allow_mismatch: bool) -> list[s
         if m.kv_cache_dtype and reported and _norm(reported) != _norm(m.kv_cache_dtype):
             problems.append(f"{m.target} is configured with kv_cache_dtype {m.kv_cache_dtype!r} but the server "
                             f"reports {reported!r}")
+        if m.kv_cache_dtype and not reported:
+            warnings.append(f"{m.target}: the server does not report its KV dtype, so kv_cache_dtype "
+                            f"{m.kv_cache_dtype!r} could not be verified")
         scale = (m.server_info.get("server_info") or {}).get("kv_scale")
         if reported and "fp8" in str(reported) and str(scale) == "1.0":
             warnings.append(f"{m.target} runs an fp8 KV cache with a default scale of 1.0 (no calibrated scales)")
@@ -96,7 +99,8 @@ async def as_reported(target: Target, like: RunManifest) -> RunManifest:
 
 def _norm(dtype: str) -> str:
     d = dtype.lower()
-    return {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3"}.get(d, d)
+    return {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
+            "float8_e5m2": "fp8_e5m2", "f16": "fp16", "float16": "fp16", "half": "fp16"}.get(d, d)
 
 
 def _run_summary(m: RunManifest | None) -> dict[str, Any] | None:
