@@ -51,6 +51,10 @@ def test_identical_servers_pass(tmp_path, fake_server):
     assert rep["runs"]["aa"]["run_id"].endswith("-aa1-f0.25")  # default aa_fraction
     for kind in ("report.json", "report.md", "report.html", "junit.xml"):
         assert list((tmp_path / "results").glob(f"compare-*/{kind}")), kind
+    looks = rep["verdict"]["sequential"]["looks"]
+    assert looks and looks[-1]["verdict"] == "PASS" and looks[-1]["items"] <= 200
+    html = next((tmp_path / "results").glob("compare-*/report.html")).read_text()
+    assert 'id="plot-trajectory"><img' in html and 'id="trajectory"' in html
 
 
 def test_many_wrong_answers_fail_and_report_reproduces(tmp_path, fake_server):

@@ -15,7 +15,7 @@ import jinja2
 
 from kvqual.report import summary as S
 from kvqual.report.markdown import render_markdown
-from kvqual.report.plots import all_plots
+from kvqual.report.plots import all_plots, to_data_uri, trajectory_figure
 
 MAX_EXAMPLES = 12
 MARK_MAX_CHARS = 40
@@ -97,6 +97,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         criteria=S.criterion_rows(report), arms=S.arm_rows(report), suites=S.suite_rows(report),
         notes=[x for x in (S.teacher_line(report), S.sequential_line(report)) if x],
         trajectory=S.trajectory_rows(report),
+        trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),
         metrics=S.metric_rows(report), speed=S.speed_rows(report),
         plots=all_plots(report), examples=example_views(report),
         n_examples=len(report.get("examples") or []),

@@ -176,3 +176,37 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
         "by_position": to_data_uri(by_position_figure(plots.get("by_position"))),
         "flips": to_data_uri(flips_figure(plots.get("flips"), aa_flips)),
     }
+
+
+def trajectory_figure(verdict: Mapping[str, Any] | None) -> Figure | None:
+    """Each primary criterion's interval at each look of a sequential compare, against its bound."""
+    verdict = verdict or {}
+    looks = (verdict.get("sequential") or {}).get("looks") or []
+    crits = [c for c in verdict.get("criteria") or [] if c.get("role", "primary") == "primary"
+             and c.get("status") != "not_evaluated" and not str(c.get("name", "")).startswith("failed_rate")]
+    if not looks or not crits:
+        return None
+    cols = min(3, len(crits))
+    rows = -(-len(crits) // cols)
+    fig = Figure(figsize=(3.2 * cols, 2.4 * rows))
+    for i, c in enumerate(crits):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        label = c.get("label") or c["name"]
+        pts = [(lk["items"], lk["criteria"].get(label) or {}) for lk in looks]
+        xs = [x for x, p in pts if p.get("estimate") is not None]
+        est = [p["estimate"] for _, p in pts if p.get("estimate") is not None]
+        lo = [p["ci_low"] if p.get("ci_low") is not None else p["estimate"] for _, p in pts if p.get("estimate") is not None]
+        hi = [p["ci_high"] if p.get("ci_high") is not None else p["estimate"] for _, p in pts if p.get("estimate") is not None]
+        if xs:
+            ax.errorbar(xs, est, yerr=[np.subtract(est, lo), np.subtract(hi, est)], fmt="o", color=CAND, capsize=3)
+        for bound in (c.get("bound_low"), c.get("bound_high")):
+            if bound is not None:
+                ax.axhline(bound, color="#c0392b", linestyle="--", linewidth=1.2)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("items judged", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if xs:
+            ax.set_xticks(xs)
+    fig.suptitle("Intervals at each look; red dashes: the bound", fontsize=9)
+    fig.tight_layout()
+    return fig
