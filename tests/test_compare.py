@@ -148,3 +148,16 @@ def test_token_criteria_that_cannot_be_measured_never_pass(tmp_path, fake_server
     off = kvqual(tmp_path, "compare", "base", "cand", "--suite", "chat.jsonl", "--no-teacher-forcing")
     assert off.returncode == 0, off.stdout + off.stderr  # the rest decides; the report says what is missing
     assert off.stdout.splitlines()[1].startswith("teacher forcing OFF")
+
+
+def test_an_interrupted_or_extended_compare_reuses_every_answer(tmp_path, fake_server):
+    """Rounds accumulate in one run folder per arm: a compare stopped at a budget and run again with
+    a larger one (or resumed after an interruption) asks no item a second time."""
+    _, cand = setup(tmp_path, fake_server, [], n=120)
+    first = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-items", "40", "--fixed-n")
+    assert first.returncode in (0, 3), first.stdout + first.stderr
+    assert sum(v for k, v in cand.stats().items() if k.startswith("Question") and k.endswith("A:")) == 40
+    second = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n")
+    assert second.returncode == 0, second.stdout + second.stderr
+    asked = {k: v for k, v in cand.stats().items() if k.startswith("Question") and k.endswith("A:")}
+    assert len(asked) == 120 and set(asked.values()) == {1}  # every item generated exactly once on the candidate
