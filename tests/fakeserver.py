@@ -9,7 +9,8 @@ Answers are deterministic functions of the prompt, so tests can predict them:
 - prompts containing `flaky` fail with 503 on their first two attempts, `ratelimit` with 429
   and Retry-After on the first, `broken` always with 500, `badrequest` with 400;
 - `--no-logprobs` silently drops logprobs (a server that breaks the contract);
-- echo scoring (`echo: true, max_tokens: 0`) returns per-token logprobs; `--logprob-noise S`
+- echo scoring (`echo: true, max_tokens: 0`) returns per-token logprobs (`--echo-shift`: one
+  position late, a shipped echo bug); `--logprob-noise S`
   perturbs them by a seeded amount (a candidate whose token distributions drift);
 - GET /stats returns how many requests each prompt received; `--delay S` sleeps per request.
 - `stream: true` answers in Server-Sent Events, one chunk per token (`--token-delay S` apart),
@@ -170,6 +171,9 @@ class Fake:
             choice = {"index": 0, "text": prompt, "finish_reason": "length",
                       "logprobs": None if self.args.no_logprobs else
                       self.logprobs("", prompt_tokens, max(k, 1), first_null=True)}
+            if self.args.echo_shift and choice["logprobs"]:  # a buggy echo: every logprob one position late
+                lps = choice["logprobs"]["token_logprobs"]
+                choice["logprobs"]["token_logprobs"] = [None] + lps[:-1]
             return _ok(body, [choice], len(prompt_tokens), 0)
         text = self.answer(prompt)
         max_tokens = int(body.get("max_tokens") or 16)
@@ -267,6 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length-factor", type=int, default=1)
     p.add_argument("--logprob-noise", type=float, default=0.0)
     p.add_argument("--no-logprobs", action="store_true")
+    p.add_argument("--echo-shift", action="store_true")
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--kv-cache-dtype", default=None)
     p.add_argument("--token-delay", type=float, default=0.0)

@@ -161,3 +161,28 @@ def test_an_interrupted_or_extended_compare_reuses_every_answer(tmp_path, fake_s
     assert second.returncode == 0, second.stdout + second.stderr
     asked = {k: v for k, v in cand.stats().items() if k.startswith("Question") and k.endswith("A:")}
     assert len(asked) == 120 and set(asked.values()) == {1}  # every item generated exactly once on the candidate
+
+
+def test_a_candidate_whose_echo_cannot_be_trusted_is_judged_without_token_criteria(tmp_path, fake_server):
+    """The echo check fails on the candidate: the answers are kept, the token criteria are refused
+    with the likely cause, and the generation criteria still decide (here: many wrong answers)."""
+    def pair(folder, *cand_flags):
+        folder.mkdir(exist_ok=True)
+        base = fake_server("--kv-cache-dtype", "bf16", "--length-factor", "3")  # 3-token answers
+        cand = fake_server("--kv-cache-dtype", "fp8_e4m3", "--length-factor", "3", "--echo-shift", *cand_flags)
+        write_suite(folder / "s.jsonl", [{**it, "scorer": "contains"} for it in items(120)])
+        (folder / "kvqual.toml").write_text(
+            f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "bf16"\n'
+            f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8_e4m3"\n')
+        return kvqual(folder, "compare", "base", "cand", "--suite", "s.jsonl")
+
+    r = pair(tmp_path / "wrong", "--wrong-rate", "0.3")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = report_of(tmp_path / "wrong")
+    refused = rep["teacher_forcing"]["refused"]["candidate"]
+    assert "shifted by one position" in refused["cause"] and refused["mean_abs_nats"] > 0.5
+    assert criterion(rep, "kl_excess")["status"] == "inconclusive" and "refused" in criterion(rep, "kl_excess")["detail"]
+    assert criterion(rep, "accuracy_pooled")["status"] == "fail" and criterion(rep, "length_ratio")["status"] != "fail"
+    assert "teacher forcing refused on the candidate" in r.stdout and "echo looks shifted" in r.stderr
+    r = pair(tmp_path / "same")
+    assert r.returncode == 3 and "kl_excess" in r.stdout.splitlines()[0], r.stdout  # never a PASS without them

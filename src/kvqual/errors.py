@@ -6,6 +6,8 @@
     ├── SuiteError                suite file invalid: names file and line       (exit 2)
     ├── MismatchError             the two arms do not run what the config says  (exit 2)
     ├── ServerContractError       a server dropped data kvqual needs            (exit 4)
+    │   └── EchoDisagreement      its echo logprobs of its own output disagree   (exit 4; compare
+    │                             keeps going without token criteria for it)
     └── InfrastructureError       a target unreachable, too many failed requests (exit 4)
         └── LaunchError           a launched server did not come up / go down   (exit 4)
 """
@@ -66,3 +68,13 @@ class LaunchError(InfrastructureError):
     """A server kvqual launched did not become healthy, or would not stop."""
 
     exit_code = 4
+
+
+class EchoDisagreement(ServerContractError):
+    """A server's echo (prompt) logprobs of its own greedy output disagree with the logprobs it
+    reported while generating: teacher-forced metrics from it would be noise. `compare` catches
+    it, records the refusal and judges on the generation criteria; elsewhere it is exit 4."""
+
+    def __init__(self, message: str, mean_abs: float, cause: str) -> None:
+        super().__init__(message)
+        self.mean_abs, self.cause = mean_abs, cause

@@ -16,7 +16,7 @@ from kvqual import __version__
 from kvqual.compare import metrics as mx
 from kvqual.compare.teacher import TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
 from kvqual.config import RunDefaults, Target
-from kvqual.errors import KvqualError, MismatchError
+from kvqual.errors import EchoDisagreement, KvqualError, MismatchError
 from kvqual.gate import GatePolicy, decide
 from kvqual.records import Item, RunManifest
 from kvqual.store import load_manifest, load_samples, write_json_atomic
@@ -29,6 +29,19 @@ def teacher_file(base_dir: Path, scorer_run_id: str, again: bool = False) -> Pat
     return base_dir / f"teacher-by-{scorer_run_id}{'-again' if again else ''}.jsonl"
 
 
+def refusal_file(base_dir: Path, scorer_run_id: str) -> Path:
+    """Where a compare records that a server's echo failed the trust check (so no round forces it
+    again, and `kvqual report` says the same thing offline)."""
+    return base_dir / f"teacher-refused-by-{scorer_run_id}.json"
+
+
+def refusal(base_dir: Path, scorer_run_id: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(refusal_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def say(message: str) -> None:
     print(f"kvqual: {message}", file=sys.stderr, flush=True)
 
@@ -39,6 +52,8 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     """Teacher-force the baseline's completions (of the items in `keys`, all when None) on `target`;
     `again` also runs the second pass on the same server (the token-level A/A floor). `check`:
     first score the server's own outputs, per API kind, and refuse an echo that disagrees."""
+    if refusal(base_dir, manifest.run_id) is not None:
+        return None  # this server's echo was refused at an earlier round
     base_samples = [s for s in load_samples(base_dir).values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
     forcer = TeacherForcer(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
                            run.timeout, run.concurrency)
@@ -47,7 +62,16 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
         if check:
             own = trust_sample(list(load_samples(own_dir).values()), items)
             own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own]
-            trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
+            try:
+                trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
+            except EchoDisagreement as exc:
+                # keep every answer and go on: the generation criteria still judge; the token criteria
+                # are refused for this server, with why (never scored on noise, never silently dropped)
+                write_json_atomic(refusal_file(base_dir, manifest.run_id), {
+                    "target": target.name, "run_id": manifest.run_id, "mean_abs_nats": round(exc.mean_abs, 4),
+                    "cause": exc.cause, "message": str(exc)})
+                say(f"warning: {exc}; judging {target.name} without teacher-forced metrics")
+                return None
         started = time.perf_counter()
         await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))
         if again:
@@ -109,6 +133,7 @@ def _run_summary(m: RunManifest | None) -> dict[str, Any] | None:
     si = m.server_info.get("server_info") or {}
     return {"run_id": m.run_id, "target": m.target, "model": m.model, "kv_cache_dtype": m.kv_cache_dtype,
             "reported_kv_dtype": m.server_info.get("kv_cache_dtype"), "kv_scale": si.get("kv_scale"),
+            "kv_fault": si.get("kv_fault"),
             "base_urls": list(m.base_urls), "units": m.counts.get("units"), "ok": m.counts.get("ok"),
             "failed": m.counts.get("failed"), "started_at": m.started_at, "finished_at": m.finished_at,
             "fraction": m.fraction, "concurrency": m.concurrency,
@@ -138,8 +163,16 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     forced_b = load_forced(teacher_file(base_dir, bm.run_id)) if teacher_forcing else {}
     forced_b2 = load_forced(teacher_file(base_dir, bm.run_id, True)) if teacher_forcing else {}
     forced_c = load_forced(teacher_file(base_dir, cm.run_id)) if teacher_forcing else {}
+    refused = {arm: r for arm, r in (("baseline", refusal(base_dir, bm.run_id)),
+                                     ("candidate", refusal(base_dir, cm.run_id))) if r is not None}
+    if teacher_forcing and refused:
+        forced_b, forced_b2, forced_c = (forced_b, forced_b2, {}) if "baseline" not in refused else ({}, {}, {})
     tf_note = None
-    if teacher_forcing and not (forced_b and forced_c):
+    if teacher_forcing and refused:
+        tf_note = "; ".join(f"teacher forcing refused on the {arm} ({r['target']}): echo differs from its own "
+                            f"generation by {r['mean_abs_nats']} nats; likely cause: {r['cause']}"
+                            for arm, r in refused.items())
+    elif teacher_forcing and not (forced_b and forced_c):
         tf_note = "teacher forcing was requested but no teacher-forced files exist for these runs"
     elif not teacher_forcing:
         tf_note = "--no-teacher-forcing: token-level criteria were not evaluated"
@@ -155,6 +188,8 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     arm_b, arm_c = mx.Arm(base_s, forced_b), mx.Arm(cand_s, forced_c)
     arm_a = mx.Arm(aa_s, {}) if aa_s is not None else None
     sections, inputs, plots = mx.build(arm_b, arm_c, arm_a, forced_b2 or None, teacher_forcing)
+    if teacher_forcing and refused:
+        inputs = _refused_coverage(inputs, tf_note or "")
     tb, tc = mx.throughput_pairs(base_s, cand_s)
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
     looks = []
@@ -163,6 +198,8 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
         keys = sorted(k for k in base_s if (k[0], k[1]) in items_n)
         look = inputs if n == sizes[-1] else mx.gate_inputs(arm_b, arm_c, arm_a, forced_b2 or None, keys,
                                                              teacher_forcing, loops)
+        if teacher_forcing and refused and n != sizes[-1]:
+            look = _refused_coverage(look, tf_note or "")
         if policy.min_speedup is not None and tb.size >= 2:
             from dataclasses import replace
 
@@ -197,8 +234,9 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
             "enabled": bool(teacher_forcing and forced_b and forced_c), "requested": teacher_forcing, "note": tf_note,
             "pairs": cov.pairs if cov else 0, "usable": cov.usable if cov else 0,
             "left_out": dict(cov.reasons.most_common()) if cov else {},
-            "floor": inputs.tokens.floor_note if inputs.tokens is not None else None},
-        "allow_mismatch": allow_mismatch, "warnings": list(warnings or []),
+            "floor": inputs.tokens.floor_note if inputs.tokens is not None else None,
+            "refused": refused or None},
+        "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
         "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s),
     }
 
@@ -215,6 +253,17 @@ def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
     stop = seq.get("stop") or ""
     return {"pool": seq["pool"], "sizes": seq["sizes"], "stop": stop.split(": ", 1)[1] if ": " in stop and
             stop.startswith("stopped") else None}
+
+
+def _refused_coverage(inputs: Any, why: str) -> Any:
+    """Gate inputs with the token criteria refused: every pair left out, for the recorded reason."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from kvqual.gate import TokenCoverage
+
+    n = inputs.coverage.pairs if inputs.coverage is not None else 0
+    return replace(inputs, tokens=None, coverage=TokenCoverage(True, n, 0, Counter({why: n})))
 
 
 def _stop_reason(verdict: str, taken: int, sizes: list[int], plan: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import httpx
 
 from kvqual.client import Transport, echo_payload, parse_echo
-from kvqual.errors import ServerContractError
+from kvqual.errors import EchoDisagreement
 from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
 
@@ -114,6 +114,29 @@ class TeacherForcer:
         await self.transport.aclose()
 
 
+def _mean_abs(pairs: list[tuple[float, float]]) -> float | None:
+    return sum(abs(g - e) for g, e in pairs) / len(pairs) if pairs else None
+
+
+def _likely_cause(own: list[tuple[Sample, Forced]], mean: float) -> str:
+    """Name the likely cause of a disagreement: an echo shifted by a position, or two code paths
+    (prefill vs decode) that disagree, as a broken KV cache does."""
+    shifted: dict[int, list[tuple[float, float]]] = {1: [], -1: []}
+    for sample, forced in own:
+        if not forced.aligned or forced.logprobs is None or sample.logprobs is None:
+            continue
+        g = [x for x in sample.logprobs.token_logprobs]
+        e = [x for x in forced.logprobs.token_logprobs]
+        for k in shifted:
+            pairs = zip(g[k:], e) if k > 0 else zip(g, e[-k:])
+            shifted[k] += [(a, b) for a, b in pairs if a is not None and b is not None]
+    best = min(((_mean_abs(v), k) for k, v in shifted.items() if v), default=(None, 0))
+    if best[0] is not None and best[0] < mean / 3 and best[0] <= ECHO_TRUST_MAX_MEAN_ABS:
+        return f"echo looks shifted by one position (shifted, the gap is {best[0]:.3f} nats)"
+    return ("its prompt scoring (prefill) and its generation (decode) disagree on the same tokens: a broken "
+            "server or KV cache path, or an echo that does not score what was sent")
+
+
 def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | None:
     """Mean |echo − generation| logprob over a server's own greedy outputs; raise when off."""
     diffs = []
@@ -127,10 +150,11 @@ def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | N
         return None
     mean = sum(diffs) / len(diffs)
     if mean > ECHO_TRUST_MAX_MEAN_ABS:
-        raise ServerContractError(
+        cause = _likely_cause(own, mean)
+        raise EchoDisagreement(
             f"{server}: echo logprobs of its own greedy output differ from the logprobs it reported while "
-            f"generating (mean |Δ| {mean:.3f} nats > {ECHO_TRUST_MAX_MEAN_ABS}); teacher-forced metrics "
-            "would be noise — fix the server or pass --no-teacher-forcing")
+            f"generating (mean |Δ| {mean:.3f} nats > {ECHO_TRUST_MAX_MEAN_ABS}); likely cause: {cause}; "
+            "teacher-forced metrics would be noise — fix the server or pass --no-teacher-forcing", mean, cause)
     return mean
 
 

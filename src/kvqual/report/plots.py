@@ -198,7 +198,8 @@ def trajectory_figure(verdict: Mapping[str, Any] | None) -> Figure | None:
         lo = [p["ci_low"] if p.get("ci_low") is not None else p["estimate"] for _, p in pts if p.get("estimate") is not None]
         hi = [p["ci_high"] if p.get("ci_high") is not None else p["estimate"] for _, p in pts if p.get("estimate") is not None]
         if xs:
-            ax.errorbar(xs, est, yerr=[np.subtract(est, lo), np.subtract(hi, est)], fmt="o", color=CAND, capsize=3)
+            yerr = [np.maximum(0.0, np.subtract(est, lo)), np.maximum(0.0, np.subtract(hi, est))]
+            ax.errorbar(xs, est, yerr=yerr, fmt="o", color=CAND, capsize=3)
         for bound in (c.get("bound_low"), c.get("bound_high")):
             if bound is not None:
                 ax.axhline(bound, color="#c0392b", linestyle="--", linewidth=1.2)

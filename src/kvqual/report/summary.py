@@ -211,7 +211,7 @@ def _run_value(run: Any, key: str) -> str:
         return ", ".join(str(u) for u in value) if value else MISSING
     if key in ("started_at", "finished_at"):
         return fmt_time(value)
-    if key in ("kv_scale", "reported_kv_dtype") and value is None:
+    if key in ("kv_scale", "reported_kv_dtype", "kv_fault") and value is None:
         return "not reported"
     if key == "kv_scale":
         return fmt_scale(value)
@@ -224,6 +224,7 @@ _ARM_FIELDS = (
     ("kv_cache_dtype", "KV cache dtype (configured)"),
     ("reported_kv_dtype", "KV cache dtype (server-reported)"),
     ("kv_scale", "KV scale (server-reported)"),
+    ("kv_fault", "KV fault mode (kvqual serve)"),
     ("ok", "Requests ok"),
     ("failed", "Requests failed"),
     ("run_id", "Run id"),
