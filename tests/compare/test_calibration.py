@@ -1,47 +1,139 @@
-"""Calibration by simulation: the gate's false-FAIL rate under A/A stays ≤ alpha, and a real
-regression FAILs. Uses the noise model of scripts/calibrate.py (which writes docs/calibration.md)."""
+"""Calibration by simulation: the gate's error rates on the simulator of scripts/calibrate.py
+(which writes docs/calibration.md), fixed-n and with sequential looks.
+
+Every rate is checked against a binomial bound: a count is "≤ α" when a one-sided binomial
+test at 0.1% does not reject a true rate of α. Each test takes a few seconds to ~40 s on one core.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from kvqual.gate import GatePolicy
+from kvqual.gate.criteria import CONTEXT_PREFIX
 
-_spec = importlib.util.spec_from_file_location(
-    "kvqual_calibrate", Path(__file__).resolve().parents[2] / "scripts" / "calibrate.py"
-)
+_path = Path(__file__).resolve().parents[2] / "scripts" / "calibrate.py"
+_spec = importlib.util.spec_from_file_location("kvqual_calibrate", _path)
 calibrate = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = calibrate  # dataclasses resolve annotations through the module
 _spec.loader.exec_module(calibrate)
 
-
-def _max_fails(sims: int, alpha: float) -> int:
-    """Largest FAIL count still consistent with a true rate ≤ alpha (one-sided 0.1% test)."""
-    return int(stats.binom.ppf(0.999, sims, alpha))
+ALPHA = GatePolicy().alpha
 
 
-def test_aa_false_fail_rate_within_alpha_default_policy() -> None:
-    sims, policy = 500, GatePolicy()
-    rates = calibrate.verdict_rates(np.random.default_rng(11), sims, 300, policy)
-    assert rates["FAIL"] * sims <= _max_fails(sims, policy.alpha), rates
-    assert rates["PASS"] > 0.5, rates  # an unchanged config mostly passes at n = 300
+def _max_count(sims: int, rate: float) -> int:
+    """Largest count still consistent with a true rate ≤ `rate` (one-sided binomial test at 0.1%)."""
+    return int(stats.binom.ppf(0.999, sims, rate))
 
 
-def test_aa_false_fail_rate_within_alpha_with_bounds_at_the_truth() -> None:
-    """Every bound sits at the A/A truth, so each fail test is at its size: only Holm keeps
-    the family at alpha (without it ≈ 4 criteria × alpha would FAIL)."""
+def _min_count(sims: int, rate: float) -> int:
+    """Smallest count still consistent with a true rate ≥ `rate` (one-sided binomial test at 0.1%)."""
+    return int(stats.binom.ppf(0.001, sims, rate))
+
+
+def _verdicts(seed: int, sims: int, noise, effect=None, *, sequential: bool, pool: int = 124, repeats: int = 1,
+              policy: GatePolicy | None = None):
+    cells = calibrate.run_cell(seed, sims, pool, noise, effect or calibrate.Effect(), repeats,
+                               designs=(sequential,), policy=policy)
+    return cells[sequential]
+
+
+def test_simulator_builds_the_default_mix_with_its_clusters_and_floors() -> None:
+    rng = np.random.default_rng(0)
+    sim = calibrate.simulate(rng, 124, calibrate.GPU)
+    x = sim.inputs(124)
+    assert {a.suite: a.base_correct.size for a in x.accuracy} == {
+        "passkey": 8, "needles": 6, "kv_recall": 24, "long_decode": 16, "arith": 40, "instruct": 30}
+    assert sim.clusters_in(124) == 8 + 2 + 6 + 16 + 40 + 30  # needles on 2 documents, kv_recall 4 per context
+    needles = next(a for a in x.accuracy if a.suite == "needles")
+    assert set(needles.clusters) == {f"{CONTEXT_PREFIX}needles-doc0", f"{CONTEXT_PREFIX}needles-doc1"}
+    assert all(str(c).startswith("item:arith\x00") for c in next(a for a in x.accuracy if a.suite == "arith").clusters)
+    assert x.coverage.usable == x.coverage.pairs == 124
+    assert {r.name for r in x.rates} == {"truncation", "loop"}
+    assert all(0.1 < r.floor_base.size / 124 < 0.45 for r in x.rates)  # the A/A replicate: ~25% of items
+    assert x.tokens.kl_floor.mean() > 0 and x.tokens.top1_floor.mean() < 1  # a measured, nonzero floor
+    assert calibrate.suite_sizes(500) == [32, 24, 97, 65, 161, 121] and sum(calibrate.suite_sizes(1000)) == 1000
+    # the noise model: ~23% byte-identical outputs, ~7% of items flip between two A/A runs
+    flips, same = [], []
+    for _ in range(40):
+        s = calibrate.simulate(rng, 500, calibrate.GPU)
+        flips.append(np.mean(s.base_ok != s.cand_ok))
+        same.append(np.mean(s.base_len == s.cand_len))
+    assert 0.05 <= np.mean(flips) <= 0.10
+    assert 0.20 <= np.mean(same) <= 0.35  # equal length: byte-identical, plus diverged outputs of equal length
+    # a deterministic server: A/A is byte-identical, the floor is exactly 0, repeats are identical
+    d = calibrate.simulate(rng, 124, calibrate.DETERMINISTIC, repeats=3)
+    assert np.array_equal(d.base_ok, d.cand_ok) and np.array_equal(d.base_len, d.aa_len)
+    assert not d.kl_cand.any() and not d.kl_floor.any() and (d.top1_floor == 1).all()
+    assert d.inputs(124).accuracy[0].base_correct.size == 3 * 8 and d.clusters_in(124) == 102
+
+
+def test_aa_false_fail_within_alpha_under_gpu_noise_with_sequential_looks() -> None:
     sims = 500
-    policy = GatePolicy(accuracy_margin=1e-9, max_kl_excess=1e-9, max_top1_loss=1e-9, max_length_drift=1e-9)
-    rates = calibrate.verdict_rates(np.random.default_rng(12), sims, 300, policy)
-    fails = rates["FAIL"] * sims
-    assert fails <= _max_fails(sims, policy.alpha), rates
-    assert fails >= 5, rates  # the fail tests are live, not vacuous
+    c = _verdicts(101, sims, calibrate.GPU, sequential=True)
+    assert c.verdicts["FAIL"] <= _max_count(sims, ALPHA), c.verdicts
+    assert c.verdicts["PASS"] >= 10, c.verdicts  # decided sometimes: not a gate that never answers
+    assert np.mean(c.looks) > 3  # undecided compares run every look
 
 
-def test_real_accuracy_regression_fails_most_of_the_time() -> None:
-    rates = calibrate.verdict_rates(np.random.default_rng(13), 150, 300, GatePolicy(), accuracy_drop=0.15)
-    assert rates["FAIL"] >= 0.8, rates
-    assert rates["PASS"] == 0.0, rates
+def test_fail_tests_at_their_size_keep_the_family_at_alpha() -> None:
+    """Every bound on the A/A truth, so each of the ~12 fail tests rejects at its full size:
+    only Holm keeps the false-FAIL rate ≤ α (one look; the sequential FAIL side is the test above)."""
+    sims = 500
+    c = _verdicts(102, sims, calibrate.GPU, sequential=False, policy=calibrate.AT_TRUTH)
+    assert c.verdicts["FAIL"] <= _max_count(sims, ALPHA), c.verdicts
+    assert c.verdicts["FAIL"] >= 3, c.verdicts  # the fail tests are live, not vacuous
+
+
+def test_false_pass_at_the_accuracy_margin_with_repeats_stays_within_alpha() -> None:
+    """Accuracy truly δ below the baseline in every suite, each item sent 3 times (identical
+    repeats on a deterministic server: the worst case for counting repeats as evidence)."""
+    sims = 400
+    rng = np.random.default_rng(103)
+    inside = {False: 0, True: 0}
+    unclustered = 0
+    for _ in range(sims):
+        sim = calibrate.simulate(rng, 124, calibrate.DETERMINISTIC, calibrate.AT_BOUND["accuracy_pooled"], 3)
+        for sequential in (False, True):
+            inside[sequential] += calibrate.criterion_shown_inside(sim, "accuracy_pooled", sequential)
+        unclustered += calibrate.criterion_shown_inside(sim, "accuracy_pooled", False, unclustered=True)
+    assert inside[False] <= _max_count(sims, ALPHA), inside
+    assert inside[True] <= _max_count(sims, ALPHA), inside
+    # the check can fail: the same compares judged with repeats as independent units pass far too often
+    assert unclustered > _max_count(sims, ALPHA), unclustered
+
+
+def test_broken_candidate_fails_at_the_first_look() -> None:
+    sims = 100
+    for noise in (calibrate.GPU, calibrate.DETERMINISTIC):
+        seq = _verdicts(104, sims, noise, calibrate.BROKEN, sequential=True)
+        fixed = _verdicts(105, sims, noise, calibrate.BROKEN, sequential=False)
+        assert seq.verdicts["FAIL"] >= 0.9 * sims and fixed.verdicts["FAIL"] >= 0.9 * sims, (seq.verdicts, fixed.verdicts)
+        assert seq.verdicts["PASS"] == 0 and fixed.verdicts["PASS"] == 0
+        assert np.mean(seq.items) < 0.4 * 124  # mostly decided on the first 31 items
+
+
+def test_aa_on_a_deterministic_server_passes_sequentially_at_124_items() -> None:
+    sims = 100
+    c = _verdicts(106, sims, calibrate.DETERMINISTIC, sequential=True)
+    assert c.verdicts["PASS"] >= _min_count(sims, 0.95), c.verdicts
+    assert c.verdicts["FAIL"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="gate bug: the t test of kl_excess under-covers on the PASS side when the "
+                                       "per-unit values are right-skewed (docs/calibration.md, section 3)")
+def test_false_pass_at_the_kl_bound_within_alpha() -> None:
+    """KL excess truly on its bound (deterministic server, floor 0, per-unit CV ≈ 1 as measured):
+    the criterion's own fixed-n test must show it inside in ≤ α of compares. It does not (~9%)."""
+    sims = 1000
+    rng = np.random.default_rng(107)
+    inside = sum(calibrate.criterion_shown_inside(
+        calibrate.simulate(rng, 124, calibrate.DETERMINISTIC, calibrate.AT_BOUND["kl_excess"]), "kl_excess", False)
+        for _ in range(sims))
+    assert inside <= _max_count(sims, ALPHA), inside
