@@ -207,6 +207,12 @@ def test_length_blowup_fails_and_small_drift_passes() -> None:
     assert _by_name(decide(GatePolicy(), GateInputs(lengths=_lengths(200, 1.02)), RNG(0)))["length_ratio"].status == "pass"
 
 
+def test_a_candidate_with_no_output_at_all_fails_on_length() -> None:
+    base = LengthPairs(np.full(50, 40.0), np.zeros(50))
+    c = _by_name(decide(GatePolicy(), GateInputs(lengths=base, coverage=NO_TF), RNG(0)))["length_ratio"]
+    assert c.status == "fail" and c.estimate == 0
+
+
 def test_loop_guard_fails_runaway_loops_beyond_the_floor() -> None:
     n = 120
     base = np.zeros(n)

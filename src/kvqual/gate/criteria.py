@@ -220,6 +220,10 @@ def lengths(lp: LengthPairs, floor: LengthPairs | None, policy: GatePolicy, leve
     """Ratio of mean lengths cand/base within 1 ± drift: two one-sided tests on the log scale."""
     lo, hi = 1 - policy.max_length_drift, 1 + policy.max_length_drift
     g, unit = _unit(lp.clusters, lp.base.size)
+    if g >= 2 and lp.base.mean() > 0 and lp.cand.mean() <= 0:  # the candidate stopped answering at all
+        return Criterion("length_ratio", None, "inconclusive", "within", lo, hi, 0.0, 0.0, 0.0, 1 - 2 * level,
+                         1.0, 0.0, None, g, None, f"mean {lp.base.mean():.1f} → 0 tokens: no output at all",
+                         "primary", unit, level)
     if g < 2 or lp.base.mean() <= 0 or lp.cand.mean() <= 0:
         return Criterion("length_ratio", None, "not_evaluated", "within", lo, hi, n=g,
                          detail="fewer than 2 independent pairs or an arm with no output")
