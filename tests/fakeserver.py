@@ -9,7 +9,7 @@ Answers are deterministic functions of the prompt, so tests can predict them:
 - prompts containing `flaky` fail with 503 on their first two attempts, `ratelimit` with 429
   and Retry-After on the first, `broken` always with 500, `badrequest` with 400;
 - `--no-logprobs` silently drops logprobs (a server that breaks the contract);
-- echo scoring (`echo: true, max_tokens: 0`) returns per-token logprobs (`--echo-shift`: one
+- echo scoring (`echo: true, max_tokens: 0` or `1`, which appends one generated token) returns per-token logprobs (`--echo-shift`: one
   position late, a shipped echo bug); `--logprob-noise S`
   perturbs them by a seeded amount (a candidate whose token distributions drift);
 - GET /stats returns how many requests each prompt received; `--delay S` sleeps per request.
@@ -167,14 +167,15 @@ class Fake:
             return fail
         k = int(body.get("logprobs") or 0)
         prompt_tokens = tokenize(prompt)
-        if body.get("echo") and body.get("max_tokens") == 0:
-            choice = {"index": 0, "text": prompt, "finish_reason": "length",
+        if body.get("echo") and body.get("max_tokens") in (0, 1):
+            extra = [" ."] if body.get("max_tokens") == 1 else []  # echo + one generated token (lm-eval's convention)
+            choice = {"index": 0, "text": prompt + "".join(extra), "finish_reason": "length",
                       "logprobs": None if self.args.no_logprobs else
-                      self.logprobs("", prompt_tokens, max(k, 1), first_null=True)}
+                      self.logprobs("", prompt_tokens + extra, max(k, 1), first_null=True)}
             if self.args.echo_shift and choice["logprobs"]:  # a buggy echo: every logprob one position late
                 lps = choice["logprobs"]["token_logprobs"]
                 choice["logprobs"]["token_logprobs"] = [None] + lps[:-1]
-            return _ok(body, [choice], len(prompt_tokens), 0)
+            return _ok(body, [choice], len(prompt_tokens), len(extra))
         text = self.answer(prompt)
         max_tokens = int(body.get("max_tokens") or 16)
         tokens = tokenize(text)

@@ -29,7 +29,7 @@ def test_token_id_prompt_and_chat_payload():
 
 
 def test_echo_payload():
-    assert echo_payload([5, 6], "m", 5) == {"model": "m", "prompt": [5, 6], "max_tokens": 0, "echo": True,
+    assert echo_payload([5, 6], "m", 5) == {"model": "m", "prompt": [5, 6], "max_tokens": 1, "echo": True,
                                             "temperature": 0.0, "logprobs": 5}
 
 
@@ -90,6 +90,13 @@ def test_parse_echo_requires_prompt_logprobs():
     short = {**good, "usage": {"prompt_tokens": 5}}
     with pytest.raises(ServerContractError, match="2 logprobs for 5 prompt tokens"):
         parse_echo(short)
+    # max_tokens=1: the token generated after the prompt is dropped by the usage count
+    plus = {"choices": [{"text": "a b c", "logprobs": {"tokens": ["a", " b", " c"], "token_logprobs": [None, -1.0, -2.0],
+                                                        "top_logprobs": [None, {" b": -1.0}, {" c": -2.0}],
+                                                        "text_offset": [0, 1, 3]}}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1}}
+    lp = parse_echo(plus)
+    assert lp.tokens == ("a", " b") and lp.text_offset == (0, 1) and len(lp.top_logprobs) == 2
 
 
 def _status_error(status: int, headers: dict | None = None) -> openai.APIStatusError:

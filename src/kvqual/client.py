@@ -61,11 +61,13 @@ def stream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def echo_payload(prompt: str | list[int], model: str, top_logprobs: int) -> dict[str, Any]:
-    """Teacher forcing: score `prompt` (text or token ids) with echo and no new tokens."""
+    """Teacher forcing: score `prompt` (text or token ids) with echo. `max_tokens` is 1, the convention
+    the engines agree on (lm-eval sends the same): some servers refuse 0, and llama.cpp's reads it as
+    "up to the context length". The one generated token is dropped by `parse_echo`."""
     return {
         "model": model,
         "prompt": prompt,
-        "max_tokens": 0,
+        "max_tokens": 1,
         "echo": True,
         "temperature": 0.0,
         "logprobs": max(1, top_logprobs),
@@ -176,6 +178,10 @@ def parse_echo(data: Mapping[str, Any], server: str = "server") -> TokenLogprobs
     if len(lp.token_logprobs) != len(lp.tokens) or (prompt_tokens is not None and len(lp.tokens) < prompt_tokens):
         raise ServerContractError(f"{server}: echo returned {len(lp.token_logprobs)} logprobs for "
                                   f"{prompt_tokens if prompt_tokens is not None else len(lp.tokens)} prompt tokens")
+    if prompt_tokens is not None and len(lp.tokens) > prompt_tokens:  # the generated token(s) after the prompt
+        lp = TokenLogprobs(tokens=lp.tokens[:prompt_tokens], token_logprobs=lp.token_logprobs[:prompt_tokens],
+                           top_logprobs=lp.top_logprobs[:prompt_tokens],
+                           text_offset=lp.text_offset[:prompt_tokens] if lp.text_offset is not None else None)
     return lp
 
 

@@ -156,3 +156,20 @@ def test_echo_trust_tolerates_fp8_scale_noise_not_a_shifted_echo():
     with pytest.raises(ServerContractError) as err:
         check_echo_trust([_own(gen, noisy)], "srv")
     assert "prefill" in err.value.cause and "shifted" not in err.value.cause
+
+
+def test_completion_slice_drops_the_token_generated_after_an_echo():
+    """echo with max_tokens=1 on a server that reports no usage: the positions at or past the end of
+    the text sent are the generated token, not part of the completion being scored."""
+    from kvqual.compare.teacher import completion_slice
+    from kvqual.records import TokenLogprobs
+
+    prompt, completion = "Q: hi\nA:", " ok there"
+    toks = ("Q", ":", " hi", "\n", "A", ":", " ok", " there", " !")
+    offs = (0, 1, 2, 5, 6, 7, 8, 11, 17)
+    echo = TokenLogprobs(toks, (None,) + tuple(-0.1 * i for i in range(1, 9)), tuple({t: -0.1} for t in toks), offs)
+    generated = TokenLogprobs((" ok", " there"), (-0.6, -0.7))
+    part, why = completion_slice(echo, len(prompt), generated, end=len(prompt + completion))
+    assert why is None and part.tokens == (" ok", " there") and part.text_offset == (8, 11)
+    whole, why = completion_slice(echo, len(prompt), generated)  # without `end` the extra token leaks in
+    assert whole is None and why == "re-tokenized completion differs from the generated tokens"

@@ -52,10 +52,17 @@ class Forced:
         return cls(d["suite"], d["id"], d["repeat"], d["aligned"], d.get("reason"), lp)
 
 
-def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogprobs | None) -> tuple[TokenLogprobs | None, str | None]:
-    """The echoed positions of the completion, or (None, why they do not line up)."""
+def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogprobs | None,
+                     end: int | None = None) -> tuple[TokenLogprobs | None, str | None]:
+    """The echoed positions of the completion (text offsets in [prompt_len, end)), or (None, why
+    they do not line up). `end`: the length of the text sent; positions from it on are tokens the
+    server generated after the echo (max_tokens=1) when it did not report usage."""
     if echo.text_offset is None:
         return None, "server returned no text_offset"
+    if end is not None:
+        stop = next((i for i, off in enumerate(echo.text_offset) if off >= end), len(echo.tokens))
+        echo = TokenLogprobs(tokens=echo.tokens[:stop], token_logprobs=echo.token_logprobs[:stop],
+                             top_logprobs=echo.top_logprobs[:stop], text_offset=echo.text_offset[:stop])
     start = next((i for i, off in enumerate(echo.text_offset) if off >= prompt_len), len(echo.tokens))
     if start > 0 and echo.text_offset[start - 1] + len(echo.tokens[start - 1]) > prompt_len:
         return None, "prompt/completion boundary merged into one token"
@@ -103,11 +110,11 @@ class TeacherForcer:
         if prompt is None:
             return Forced(sample.suite, sample.id, sample.repeat, False,
                           "chat prompt cannot be rendered (server has no /tokenize taking messages)", None)
+        full = prompt + (sample.text or "")
         async with self.semaphore:
-            data = await self.transport.post_json("/completions",
-                                                  echo_payload(prompt + (sample.text or ""), self.model, self.top_logprobs))
+            data = await self.transport.post_json("/completions", echo_payload(full, self.model, self.top_logprobs))
         echo = parse_echo(data, self.base_url)
-        part, why = completion_slice(echo, len(prompt), sample.logprobs)
+        part, why = completion_slice(echo, len(prompt), sample.logprobs, end=len(full))
         return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part)
 
     async def aclose(self) -> None:
