@@ -196,3 +196,17 @@ def test_single_proportion_cis_match_statsmodels(k: int, n: int) -> None:
     wi = st.wilson_ci(k, n)
     assert (cp.low, cp.high) == pytest.approx(proportion_confint(k, n, method="beta"), abs=1e-10)
     assert (wi.low, wi.high) == pytest.approx(proportion_confint(k, n, method="wilson"), abs=1e-10)
+
+
+def test_hall_transform_is_inverted_exactly_and_corrects_toward_the_skew() -> None:
+    from kvqual.compare.stats import cluster_skewness, hall_inverse, hall_transform
+
+    for t in (-3.0, -1.0, 0.0, 0.5, 2.5):
+        for skew in (-1.5, 0.0, 2.0):
+            assert hall_inverse(hall_transform(t, skew, 40), skew, 40) == pytest.approx(t, abs=1e-9)
+    assert hall_transform(-2.0, 0.0, 40) == -2.0  # no skew: the plain t statistic
+    # right skew: a mean far below the bound is less significant than t says (the upper bound widens)
+    assert hall_transform(-2.0, 2.0, 40) > -2.0
+    x = np.random.default_rng(3).lognormal(0, 1, 500)
+    assert cluster_skewness(x) == pytest.approx(float(stats.skew(x, bias=False)))
+    assert cluster_skewness(np.r_[x, x], np.r_[np.arange(500), np.arange(500)]) == pytest.approx(cluster_skewness(x))
