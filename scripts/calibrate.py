@@ -560,6 +560,30 @@ def cell_seed(seed: int, *key: object) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(repr(key).encode())]).generate_state(1)[0])
 
 
+ROOT = Path(__file__).resolve().parents[1]
+GATE_SOURCES = ("src/kvqual/gate/*.py", "src/kvqual/compare/stats.py")
+
+
+def gate_fingerprint() -> dict[str, str]:
+    """Which gate the figures are of: the commit, whether the gate's files differ from it, and a
+    hash of their contents (a resumed or re-rendered run must be of the same gate)."""
+    import hashlib
+    import subprocess
+
+    files = sorted(p for pattern in GATE_SOURCES for p in ROOT.glob(pattern))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:12]
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    dirty = git("status", "--porcelain", "--", "src/kvqual/gate", "src/kvqual/compare/stats.py")
+    return {"commit": git("rev-parse", "--short", "HEAD") or "unknown", "dirty": "yes" if dirty else "no",
+            "sources": digest}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every cell and write the Markdown tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -569,7 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="at most 200 simulations per cell, print only")
     parser.add_argument("--repeats", type=int, default=1,
                         help="repeats per item in the A/A, power and cost cells (the at-bound cells run 1 and 3)")
-    parser.add_argument("--save", type=Path, help="also pickle the cells' results here")
+    parser.add_argument("--save", type=Path, help="pickle the cells' results here after every cell")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --save: reuse the cells already there (same gate sources, seed and sims)")
     parser.add_argument("--render", type=Path, metavar="PICKLE",
                         help="write the doc from results saved with --save (same figures, no simulation)")
     args = parser.parse_args(argv)
@@ -584,11 +610,29 @@ def main(argv: list[str] | None = None) -> int:
     R = args.repeats
     started, t0 = _dt.datetime.now(), time.perf_counter()
     load = _loadavg()
+    gate = gate_fingerprint()
+    import pickle
+
+    done: dict = {}
+    stamp = {"gate": gate["sources"], "seed": args.seed, "sims": sims}
+    if args.resume and args.save and args.save.exists():
+        saved = pickle.loads(args.save.read_bytes())
+        if saved.get("stamp") == stamp:
+            done = saved["cells"]
+            print(f"resuming: {len(done)} cells from {args.save}", file=sys.stderr)
+        else:
+            print(f"not resuming: {args.save} is of another gate, seed or sims", file=sys.stderr)
 
     def cell(key: str, pool: int, noise: Noise, effect: Effect = Effect(), repeats: int = R,
              criterion: str | None = None, policy: GatePolicy | None = None) -> dict[bool, Cell]:
-        return run_cell(cell_seed(args.seed, key, pool, noise.key, repeats), sims, pool, noise, effect, repeats,
-                        criterion, policy=policy, progress=f"{key} pool={pool} {noise.key} R={repeats}")
+        name = (key, pool, noise.key, repeats, policy is not None)
+        if name not in done:
+            done[name] = run_cell(cell_seed(args.seed, key, pool, noise.key, repeats), sims, pool, noise, effect,
+                                  repeats, criterion, policy=policy,
+                                  progress=f"{key} pool={pool} {noise.key} R={repeats}")
+            if args.save:
+                args.save.write_bytes(pickle.dumps({"stamp": stamp, "cells": done}))
+        return done[name]
 
     res: dict[str, Any] = {}
     res["aa"] = {(nz, pool): cell("aa", pool, NOISES[nz]) for nz, pools in AA_POOLS.items() for pool in pools}
@@ -610,12 +654,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = f".venv/bin/python scripts/calibrate.py --sims {sims} --seed {args.seed}" + (
         f" --repeats {R}" if R != 1 else "")
+    after = gate_fingerprint()
+    if after["sources"] != gate["sources"]:
+        print(f"WARNING: the gate's sources changed while this ran ({gate['sources']} -> {after['sources']}); "
+              "the figures are of the gate at the start: rerun", file=sys.stderr)
     meta = dict(command=command, seed=args.seed, sims=sims, repeats=R, started=started, elapsed=elapsed,
-                load=(load, _loadavg()))
+                load=(load, _loadavg()), gate=gate)
     if args.save:
-        import pickle
-
-        args.save.write_bytes(pickle.dumps({"res": res, **meta}))
+        args.save.with_suffix(".render.pkl").write_bytes(pickle.dumps({"res": res, **meta}))
     args.out.write_text(render(res, **meta))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
@@ -653,7 +699,7 @@ def _smallest_pool(rates: dict[int, float], target: float) -> str:
 
 
 def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: int, started: _dt.datetime, elapsed: float,
-           load: tuple[float | None, float | None]) -> str:
+           load: tuple[float | None, float | None], gate: dict[str, str]) -> str:
     """docs/calibration.md from the cells' results."""
     P, alpha = POLICY, POLICY.alpha
     level = nominal_alpha(alpha, SEQ_LOOKS)
@@ -667,7 +713,8 @@ def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: 
 
 Generated by `{command}` ({sims} simulated compares per cell, seed {seed}),
 started {started:%Y-%m-%d %H:%M}, {elapsed / 60:.0f} min on one core of this project's 2-core machine
-(load average {load_txt} at start / end: shared with other work, so the time is an upper bound).
+(load average {load_txt} at start / end: shared with other work, so the time is an upper bound),
+on the gate of commit {gate["commit"]}{" with uncommitted changes to it" if gate["dirty"] == "yes" else ""} (gate sources {gate["sources"]}).
 Do not edit by hand: rerun the script. `--quick` (200 per cell) prints the same figures without writing.
 
 The default `GatePolicy()`: α = {alpha}, accuracy margin δ = {P.accuracy_margin}, max KL excess
@@ -932,11 +979,14 @@ def _bound_text(res: dict[str, Any], alpha: float, slack: float, level: float) -
                 f"{r1[(name, 'gpu', False)]:.3f} and {r1[(name, 'gpu', True)]:.3f} under GPU-like noise; at 500 items "
                 f"{_span(w500, list(w500))}.")
         if max(w124, *w500.values()) > lim:
+            hall = hasattr(cr, "skew_corrected")
             text += (f" **Above α** (limit {lim:.3f}). Not because of repeats; because of skew: the per-unit values are "
                      f"right-skewed (mean sample skewness {sk:.1f} on the deterministic server, where they are the "
-                     f"candidate's own per-item KL or top-1 loss over a floor of exactly 0), and a t interval on a "
-                     f"right-skewed mean is too short on its low side, the side that shows PASS; the error "
-                     f"shrinks only like 1/√n.")
+                     f"candidate's own per-item KL or top-1 loss over a floor of exactly 0), and a t bound on a "
+                     f"right-skewed mean is too short on its low side, the side that shows PASS"
+                     + ("; the gate's Hall skewness correction of the t statistic removes only part of that: it "
+                        "is second order, and it estimates the skewness from the same few clusters it corrects"
+                        if hall else "; the error shrinks only like 1/√n") + ".")
             seq_worse = [nz for nz in ("det", "gpu") if r1[(name, nz, True)] - r1[(name, nz, False)]
                          > 2.5 * math.sqrt(2) * se(max(r1[(name, nz, False)], alpha), sims)]
             if seq_worse:
