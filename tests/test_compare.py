@@ -186,3 +186,10 @@ def test_a_candidate_whose_echo_cannot_be_trusted_is_judged_without_token_criter
     assert "teacher forcing refused on the candidate" in r.stdout and "echo looks shifted" in r.stderr
     r = pair(tmp_path / "same")
     assert r.returncode == 3 and "kl_excess" in r.stdout.splitlines()[0], r.stdout  # never a PASS without them
+
+
+def test_busy_seconds_is_the_union_of_request_intervals():
+    from kvqual.compare.metrics import busy_seconds
+
+    assert busy_seconds([(0, 2), (1, 3), (10, 11), (10.5, 10.7)]) == pytest.approx(4.0)
+    assert busy_seconds([]) == 0

@@ -314,6 +314,20 @@ def _pct(values: list[float], q: float) -> float | None:
     return _r(float(np.percentile(values, q)), 4) if values else None
 
 
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of request intervals: the time an arm had requests in flight (a
+    sequential compare's rounds leave gaps between them, which are not the arm's time)."""
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
 def speed(samples: Mapping[Key, Sample], concurrency: int,
           server: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Client-side throughput and latency of one arm (TTFT/ITL when streamed), plus what the
@@ -321,9 +335,7 @@ def speed(samples: Mapping[Key, Sample], concurrency: int,
     ok = [s for s in samples.values() if s.ok and s.latency_s and s.started_at]
     if not ok:
         return None
-    start = min(s.started_at for s in ok)
-    end = max(s.started_at + s.latency_s for s in ok)
-    wall = max(end - start, 1e-9)
+    wall = max(busy_seconds([(s.started_at, s.started_at + s.latency_s) for s in ok]), 1e-9)
     lat = [s.latency_s for s in ok]
     ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
     itl = [s.itl_s for s in ok if s.itl_s is not None]

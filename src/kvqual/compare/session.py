@@ -4,6 +4,7 @@ candidate; one server at a time), teacher-force, then judge and write the report
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -73,9 +74,10 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                 say(f"warning: {exc}; judging {target.name} without teacher-forced metrics")
                 return None
         started = time.perf_counter()
-        await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))
-        if again:
-            await force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True))
+        passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))]
+        if again:  # both passes at once: the server batches them together
+            passes.append(force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True)))
+        await asyncio.gather(*passes)
         say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
              + (" twice (the second pass is the A/A floor)" if again else "")
              + f": {time.perf_counter() - started:.0f} s")
