@@ -300,6 +300,15 @@ def test_sequential_looks_test_at_the_pocock_level_and_stop_when_decided() -> No
     first = v.looks[0]["criteria"]
     assert all(first[k]["status"] == "pass" for k in ("kl_excess", "top1_loss"))
     fixed = decide(GatePolicy(looks=1), looks[0][1], RNG(0))
+    # a criterion shown inside at look 1 and undecided later is reported as decided at look 1
+    wide = LengthPairs(RNG(9).lognormal(5, 2.0, 400), RNG(10).lognormal(5, 2.0, 400))
+    narrow = _lengths(40)
+    seq = decide_sequence(pol, [(40, GateInputs(accuracy=(_accuracy(40, 0, 0),), lengths=narrow, coverage=NO_TF)),
+                                (400, GateInputs(accuracy=(_accuracy(400, 0, 0),), lengths=wide, coverage=NO_TF))], 0)
+    assert seq.verdict == "PASS" and len(seq.looks) == 2 and seq.looks[0]["verdict"] == "INCONCLUSIVE"
+    ln = _by_name(seq)["length_ratio"]
+    assert ln.status == "pass" and ln.n == 40 and "shown inside at look 1 (40 items); at this look" in ln.detail
+    assert seq.looks[1]["criteria"]["length_ratio"]["n"] == 40  # the trajectory keeps the values that decided it
     assert _by_name(fixed)["kl_excess"].level == 0.05
 
 

@@ -233,8 +233,9 @@ def pooled_accuracy(all_pairs: tuple[AccuracyPairs, ...], policy: GatePolicy, le
               f"{(counts.a + counts.c) / n:.1%}; flips right→wrong {counts.b}, wrong→right {counts.c}; "
               f"McNemar exact p={st.mcnemar_exact_p(counts.b, counts.c):.3g}")
     units = {_unit(p.clusters, p.base_correct.size)[1] for p in usable}
+    # "more contexts" only when every suite is built on shared contexts; otherwise new units are mostly items
     crit = one_sided("accuracy", None, "at_least", -delta, est, se, math.inf, G, level, detail, m, "primary",
-                     "contexts" if "contexts" in units else "items")
+                     "contexts" if units == {"contexts"} else "items")
     return dataclasses.replace(crit, name="accuracy_pooled", ci_low=max(-1.0, crit.ci_low),
                                ci_high=min(1.0, crit.ci_high))
 

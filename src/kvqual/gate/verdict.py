@@ -105,10 +105,11 @@ def _holm_fail(pvalues: Sequence[float], alpha: float, looks: int) -> list[bool]
 
 
 def decide(policy: GatePolicy, inputs: GateInputs, rng: np.random.Generator, *, looks: int = 1,
-           passed_before: Mapping[str, int] | None = None) -> Verdict:
+           passed_before: Mapping[str, tuple[int, Criterion]] | None = None) -> Verdict:
     """Judge every criterion at one look of `looks` planned; Holm-adjust the fail tests; verdict.
 
-    `passed_before`: labels of primary criteria already shown inside at an earlier look → look number."""
+    `passed_before`: primary criteria already shown inside at an earlier look: label → (look, the
+    criterion as judged then). They stay shown, with the estimate and interval that decided them."""
     level = nominal_alpha(policy.alpha, looks)
     drafts = build(policy, inputs, level, rng)
     tested = [i for i, c in enumerate(drafts) if c.p_fail is not None]
@@ -122,13 +123,19 @@ def decide(policy: GatePolicy, inputs: GateInputs, rng: np.random.Generator, *, 
         status: Status
         if rejected[j]:
             status = "fail"
-        elif c.status == "pass" or (c.p_pass is not None and c.p_pass < level) or c.label in earlier:
+        elif c.status == "pass" or (c.p_pass is not None and c.p_pass < level):
             status = "pass"
+        elif c.label in earlier:
+            # its own sequential test stopped when it crossed: report the look that decided it
+            look, then = earlier[c.label]
+            now = "—" if c.estimate is None else f"{c.estimate:.4g} [{c.ci_low:.4g}, {c.ci_high:.4g}]"
+            final[i] = dataclasses.replace(then, p_fail=c.p_fail, p_fail_holm=float(holm[j]), status="pass",
+                                           detail=f"shown inside at look {look} ({then.n} {then.unit}); at this look "
+                                                  f"{now} on {c.n} {c.unit}; {then.detail}")
+            continue
         else:
             status = c.status if c.status == "not_evaluated" else "inconclusive"
-        note = f"; shown inside at look {earlier[c.label]}" if status == "pass" and c.label in earlier and not (
-            c.p_pass is not None and c.p_pass < level) else ""
-        final[i] = dataclasses.replace(c, p_fail_holm=float(holm[j]), status=status, detail=c.detail + note)
+        final[i] = dataclasses.replace(c, p_fail_holm=float(holm[j]), status=status)
     final = [c if c.status == "inconclusive" else dataclasses.replace(c, n_more=None) for c in final]
     return combine(policy, tuple(final))
 
@@ -165,15 +172,15 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
     if not looks:
         raise ValueError("no look to judge")
     planned = max(policy.looks, len(looks))
-    passed: dict[str, int] = {}
+    passed: dict[str, tuple[int, Criterion]] = {}
     rows: list[dict[str, Any]] = []
     verdict: Verdict | None = None
     for k, (n_items, inputs) in enumerate(looks, start=1):
         verdict = decide(policy, inputs, np.random.default_rng(rng_seed), looks=planned, passed_before=passed)
         rows.append(look_row(k, n_items, verdict))
         for c in verdict.criteria:
-            if c.status == "pass" and c.role == "primary":
-                passed.setdefault(c.label, k)
+            if c.status == "pass" and c.role == "primary" and c.label not in passed:
+                passed[c.label] = (k, c)
         if verdict.verdict != "INCONCLUSIVE":
             break
     assert verdict is not None
