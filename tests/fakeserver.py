@@ -168,6 +168,8 @@ class Fake:
         k = int(body.get("logprobs") or 0)
         prompt_tokens = tokenize(prompt)
         if body.get("echo") and body.get("max_tokens") in (0, 1):
+            if self.args.echo_flaky and self.counts[prompt] == 1:  # every echo fails once, then answers
+                return _error(503, "echo: try again")
             extra = [" ."] if body.get("max_tokens") == 1 else []  # echo + one generated token (lm-eval's convention)
             choice = {"index": 0, "text": prompt + "".join(extra), "finish_reason": "length",
                       "logprobs": None if self.args.no_logprobs else
@@ -273,6 +275,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--logprob-noise", type=float, default=0.0)
     p.add_argument("--no-logprobs", action="store_true")
     p.add_argument("--echo-shift", action="store_true")
+    p.add_argument("--echo-flaky", action="store_true")
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--kv-cache-dtype", default=None)
     p.add_argument("--token-delay", type=float, default=0.0)

@@ -193,3 +193,16 @@ def test_busy_seconds_is_the_union_of_request_intervals():
 
     assert busy_seconds([(0, 2), (1, 3), (10, 11), (10.5, 10.7)]) == pytest.approx(4.0)
     assert busy_seconds([]) == 0
+
+
+def test_teacher_forcing_retries_transient_failures(tmp_path, fake_server):
+    """Every echo request fails once with 503: teacher forcing retries it like the runner does, so
+    the token criteria rest on every pair and the compare decides (it used to crash with exit 1)."""
+    _, cand = setup(tmp_path, fake_server, ["--echo-flaky"], n=60)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n")
+    assert r.returncode in (0, 3), r.stdout + r.stderr
+    rep = report_of(tmp_path)
+    assert rep["teacher_forcing"]["usable"] == 60 == rep["teacher_forcing"]["pairs"]
+    echoes = [v for k, v in cand.stats().items() if not k.endswith("A:")]
+    # one failure and one retry each (3 for the items the echo trust check scored first)
+    assert echoes and set(echoes) <= {2, 3} and echoes.count(2) >= 50

@@ -57,7 +57,7 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
         return None  # this server's echo was refused at an earlier round
     base_samples = [s for s in load_samples(base_dir).values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
     forcer = TeacherForcer(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
-                           run.timeout, run.concurrency)
+                           run.timeout, run.concurrency, run.retries)
     try:
         trust = None
         if check:

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import httpx
 
-from kvqual.client import Transport, echo_payload, parse_echo
-from kvqual.errors import EchoDisagreement
+from kvqual.client import Transport, backoff_delay, classify, echo_payload, parse_echo
+from kvqual.errors import EchoDisagreement, ServerContractError
 from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
 
@@ -28,6 +29,7 @@ from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
 # ~0.02 for fp8_e4m3 and 0.108 measured for fp8_e5m2 (2 mantissa bits) on the reference server.
 # An echo shifted by one position or from another model is off by whole nats.
 ECHO_TRUST_MAX_MEAN_ABS = 0.5
+FAILED = "teacher-forcing request failed"  # a Forced with this reason is retried by the next pass
 ECHO_TRUST_ITEMS = 3  # own outputs scored per API kind (chat, completions) before forcing
 
 
@@ -83,12 +85,49 @@ class TeacherForcer:
     """Echo-scores prompt + completion on one server (completions API, text prompts)."""
 
     def __init__(self, base_url: str, api_key: str, model: str, top_logprobs: int, timeout: float,
-                 concurrency: int) -> None:
+                 concurrency: int, retries: int = 5) -> None:
         self.base_url, self.api_key, self.model = base_url, api_key, model
-        self.top_logprobs, self.timeout = top_logprobs, timeout
+        self.top_logprobs, self.timeout, self.retries = top_logprobs, timeout, retries
         self.transport = Transport(base_url, api_key, timeout)
-        self.semaphore = asyncio.Semaphore(concurrency)
-        self._rendered: dict[str, str | None] = {}
+        self.semaphore = asyncio.Semaphore(concurrency)  # every request of this forcer, /tokenize included
+        self._rendered: dict[str, asyncio.Task] = {}  # one /tokenize per item, however many passes ask
+        self._http: httpx.AsyncClient | None = None
+        self._rng = random.Random(0)
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call` under the concurrency bound, retried on transient failures (resets, 429, 5xx,
+        timeouts) like the runner's requests; the last failure is raised."""
+        attempt = 0
+        while True:
+            try:
+                async with self.semaphore:
+                    return await call()
+            except ServerContractError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - classified; a final failure is raised to the caller
+                info = classify(exc)
+                if not info.transient or attempt >= self.retries:
+                    raise
+                await asyncio.sleep(backoff_delay(attempt, self._rng, retry_after=info.retry_after))
+                attempt += 1
+
+    async def _render(self, item: Item) -> str | None:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self.timeout)
+        http = self._http
+
+        async def post() -> httpx.Response:
+            r = await http.post(f"{server_root(self.base_url)}/tokenize",
+                                json={"model": self.model, "messages": [dict(m) for m in item.messages or ()]})
+            if r.status_code >= 500 or r.status_code == 429:
+                r.raise_for_status()
+            return r
+
+        try:
+            r = await self._retrying(post)
+            return r.json().get("prompt") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
 
     async def prompt_text(self, item: Item) -> str | None:
         """The prompt as text; chat items through the server's /tokenize (None: not offered)."""
@@ -96,29 +135,33 @@ class TeacherForcer:
             return item.prompt if isinstance(item.prompt, str) else None
         key = f"{item.suite}\x00{item.id}"
         if key not in self._rendered:
-            async with httpx.AsyncClient(timeout=self.timeout) as client:
-                try:
-                    r = await client.post(f"{server_root(self.base_url)}/tokenize",
-                                          json={"model": self.model, "messages": [dict(m) for m in item.messages or ()]})
-                    self._rendered[key] = r.json().get("prompt") if r.status_code == 200 else None
-                except (httpx.HTTPError, ValueError):
-                    self._rendered[key] = None
-        return self._rendered[key]
+            self._rendered[key] = asyncio.ensure_future(self._render(item))
+        return await self._rendered[key]
 
     async def force(self, item: Item, sample: Sample) -> Forced:
+        """One baseline completion scored on this server; a request that fails for good is recorded
+        as a failed item (left out of token metrics, counted with its reason), never a crash."""
         prompt = await self.prompt_text(item)
         if prompt is None:
             return Forced(sample.suite, sample.id, sample.repeat, False,
                           "chat prompt cannot be rendered (server has no /tokenize taking messages)", None)
         full = prompt + (sample.text or "")
-        async with self.semaphore:
-            data = await self.transport.post_json("/completions", echo_payload(full, self.model, self.top_logprobs))
+        try:
+            data = await self._retrying(lambda: self.transport.post_json(
+                "/completions", echo_payload(full, self.model, self.top_logprobs)))
+        except ServerContractError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded as a failure with its reason
+            return Forced(sample.suite, sample.id, sample.repeat, False,
+                          f"{FAILED}: {classify(exc).message}", None)
         echo = parse_echo(data, self.base_url)
         part, why = completion_slice(echo, len(prompt), sample.logprobs, end=len(full))
         return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part)
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
 
 def _mean_abs(pairs: list[tuple[float, float]]) -> float | None:
@@ -169,8 +212,8 @@ async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item]
                     out: Path) -> list[Forced]:
     """Teacher-force every sample not already in `out` (JSONL), appending the new ones: a
     sequential compare forces each round's items once, and an interrupted pass resumes."""
-    done = load_forced(out)
-    todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]
+    done = {k: f for k, f in load_forced(out).items() if not (f.reason or "").startswith(FAILED)}
+    todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]  # failed ones are asked again
     if todo:
         results = await asyncio.gather(*(forcer.force(items[(s.suite, s.id)], s) for s in todo))
         with out.open("a", encoding="utf-8") as fh:
