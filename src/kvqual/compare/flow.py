@@ -148,7 +148,8 @@ class Compare:
     def judge(self, k: int) -> dict[str, Any]:
         s = self.state
         assert s.bm is not None and s.cm is not None
-        plan = {"pool": self.pool, "sizes": self.sizes[: k + 1] if s.stop else self.sizes, "stop": s.stop}
+        plan = {"pool": self.pool, "sizes": self.sizes[: k + 1] if s.stop else self.sizes, "stop": s.stop,
+                "overlap": self.overlap}
         return session.judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,

@@ -212,7 +212,8 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     taken = len(verdict.looks)
     stop = _stop_reason(verdict.verdict, taken, sizes, plan)
     vjson["sequential"] = {**vjson.get("sequential", {}), "pool": plan["pool"], "sizes": list(plan["sizes"]),
-                           "nominal_alpha": mx._r(verdict.criteria[0].level or policy.alpha, 6), "stop": stop}
+                           "nominal_alpha": mx._r(verdict.criteria[0].level or policy.alpha, 6), "stop": stop,
+                           "overlap": bool(plan.get("overlap"))}
     if verdict.verdict == "INCONCLUSIVE":
         vjson["reason"] += f"; {stop}"
     speed = None
@@ -225,7 +226,10 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
 
             r, _ = st.ratio_of_means_ci(tb, tc)
             ratio = {"estimate": mx._r(r.estimate), "ci_low": mx._r(r.low), "ci_high": mx._r(r.high)}
-        speed = {"baseline": sb, "candidate": sc, "ratio": ratio}
+        speed = {"baseline": sb, "candidate": sc, "ratio": ratio,
+                 "note": ("indicative only: the A/A replicate and teacher forcing shared the servers with the "
+                          "answers (set [gate] min_speedup for a like-for-like ratio; docs/speed.md)")
+                 if plan.get("overlap") else None}
     cov = inputs.coverage
     return {
         "schema_version": REPORT_SCHEMA_VERSION, "kvqual_version": __version__,
@@ -253,7 +257,8 @@ def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
     if not seq.get("sizes") or seq.get("planned_looks") != policy.looks:
         return None
     stop = seq.get("stop") or ""
-    return {"pool": seq["pool"], "sizes": seq["sizes"], "stop": stop.split(": ", 1)[1] if ": " in stop and
+    return {"pool": seq["pool"], "sizes": seq["sizes"], "overlap": bool(seq.get("overlap")),
+            "stop": stop.split(": ", 1)[1] if ": " in stop and
             stop.startswith("stopped") else None}
 
 
@@ -325,7 +330,8 @@ def console_summary(report: dict[str, Any]) -> str:
         ratio = "" if r.get("estimate") is None else (
             f"; per-request tok/s ratio {r['estimate']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
         lines.append(f"speed: {s['baseline']['output_tok_s']:.4g} → {s['candidate']['output_tok_s']:.4g} output "
-                     f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}")
+                     f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}"
+                     + (f" — {s['note']}" if s.get("note") else ""))
     for w in report.get("warnings", []):
         lines.append(f"warning: {w}")
     return "\n".join(lines)

@@ -92,9 +92,10 @@ CONTEXT_PREFIX = "ctx:"  # cluster ids of shared contexts; items are "item:<suit
 
 
 def _unit(clusters: np.ndarray | None, n_units: int) -> tuple[int, str]:
-    """Independent units and their name: "contexts" when some cluster is a shared context."""
+    """Independent units and their name: "contexts" when every cluster is a shared context (then more
+    *contexts* are what deciding needs), else "items"."""
     g = n_clusters(clusters, n_units)
-    if clusters is not None and any(str(c).startswith(CONTEXT_PREFIX) for c in clusters):
+    if clusters is not None and len(clusters) and all(str(c).startswith(CONTEXT_PREFIX) for c in clusters):
         return g, "contexts"
     return g, "items"
 

@@ -401,6 +401,8 @@ def sequential_line(report: Mapping[str, Any]) -> str | None:
     seq = get(report, "verdict", "sequential") or {}
     if not seq.get("looks"):
         return None
+    if seq.get("planned_looks") == 1:
+        return f"fixed-n: judged once on {(seq.get('sizes') or ['?'])[-1]} items at α = {fmt_num(seq.get('nominal_alpha'))}"
     return (f"sequential: {seq.get('stop')}; each look tested at the Pocock nominal level "
             f"α′ = {fmt_num(seq.get('nominal_alpha'))} ({seq.get('planned_looks')} planned looks)")
 
