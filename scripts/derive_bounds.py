@@ -8,9 +8,11 @@ sits the same factor (√(b/g)) inside or outside it. Refuses when the two sets 
 then the criterion cannot separate them and no bound derived this way means anything.
 
 On the embedded default (SmolLM2-135M, profile:default, seed 1234):
-  good: kvqual compare bf16 fp8        (fp8_e4m3: accuracy within the noise, KL ~0.006)
-  bad:  kvqual compare bf16 fp8_e5m2   (fp8_e5m2: pooled accuracy down ~10 points on this model,
-        McNemar p < 0.05 on the thorough profile)
+  good: kvqual compare bf16 fp8 --fixed-n        (fp8_e4m3: accuracy −3.2 points, McNemar p = 0.34)
+  bad:  kvqual compare bf16 fp8_e5m2 --fixed-n   (fp8_e5m2: accuracy −8.9 points, 15 vs 4 flips,
+        McNemar exact p = 0.019)
+  2026-12-01: max_kl_excess = 0.012 (good 0.0056, bad 0.0256), max_top1_loss = 0.0423 (good 0.0257,
+  bad 0.0699) — the defaults in gate/policy.py.
 Run:  .venv/bin/python scripts/derive_bounds.py --good results/compare-bf16-…-vs-fp8-…/report.json \
           --bad results/compare-bf16-…-vs-fp8_e5m2-…/report.json
 """
