@@ -444,6 +444,7 @@ class Cell:
     failed: Counter = field(default_factory=Counter)
     open_: Counter = field(default_factory=Counter)  # primary criteria left undecided at the end
     skew: list = field(default_factory=list)  # skewness of the tested criterion's per-unit values
+    seconds: float = 0.0  # compute time of the cell (both designs together)
 
     def add(self, o: Outcome) -> None:
         self.sims += 1
@@ -457,9 +458,11 @@ class Cell:
         self.open_.update(o.open_)
 
     def rate(self, verdict: str) -> float:
-        return self.verdicts[verdict] / self.sims if self.sims else float("nan")
+        return self.verdicts[verdict] / self.sims if self.sims and self.verdicts else float("nan")
 
     def fmt(self, verdict: str) -> str:
+        if not self.verdicts:
+            return "—"
         p = self.rate(verdict)
         return f"{p:.3f} ± {se(p, self.sims):.3f}"
 
@@ -494,24 +497,32 @@ def skewness(x: np.ndarray) -> float:
 
 def run_cell(seed: int, sims: int, pool: int, noise: Noise, effect: Effect = Effect(), repeats: int = 1,
              criterion: str | None = None, designs: tuple[bool, ...] = (False, True),
-             policy: GatePolicy | None = None, progress: str = "") -> dict[bool, Cell]:
-    """`sims` simulated compares, each judged fixed-n and sequentially on the same data."""
+             policy: GatePolicy | None = None, progress: str = "", gate: bool = True) -> dict[bool, Cell]:
+    """`sims` simulated compares, each judged fixed-n and sequentially on the same data
+    (`gate=False`: only the criterion's own test, no verdict)."""
     rng = np.random.default_rng(seed)
     cells = {d: Cell() for d in designs}
     t0 = time.perf_counter()
     for _ in range(sims):
         sim = simulate(rng, pool, noise, effect, repeats)
         for d in designs:
-            cells[d].add(judge(sim, d, policy=policy))
+            if gate:
+                cells[d].add(judge(sim, d, policy=policy))
+            else:
+                cells[d].sims += 1
             if criterion is not None:
                 cells[d].inside += criterion_shown_inside(sim, criterion, d, policy)
                 if repeats > 1:
                     cells[d].inside_unclustered += criterion_shown_inside(sim, criterion, d, policy, True)
                 if criterion in cr.TOKEN_CRITERIA:
                     cells[d].skew.append(skewness(unit_values(sim, criterion)))
+    seconds = time.perf_counter() - t0
+    for c in cells.values():
+        c.seconds = seconds
     if progress:
         parts = [f"{'seq' if d else 'fixed'} " + " ".join(f"{k[0]}={cells[d].rate(k):.3f}"
                                                           for k in ("PASS", "FAIL", "INCONCLUSIVE"))
+                 + (f" inside={cells[d].inside / cells[d].sims:.3f}" if criterion else "")
                  for d in designs]
         print(f"[{time.perf_counter() - t0:6.1f} s] {progress}: " + "; ".join(parts), file=sys.stderr, flush=True)
     return cells
@@ -549,7 +560,7 @@ POWER = {  # one thing broken at a time, the rest a working config
 }
 AT_TRUTH = dataclasses.replace(POLICY, accuracy_margin=1e-9, max_length_drift=1e-9, max_kl_excess=1e-9,
                                max_top1_loss=1e-9, max_trunc_excess=1e-9, max_loop_excess=1e-9)
-AA_POOLS = {"det": (124, 250, 500, 1000), "gpu": (124, 250, 500, 1000, 1500, 2000)}
+AA_POOLS = {"det": (124, 500, 1000), "gpu": (124, 250, 500, 1000, 1500)}
 COST_POOLS = (124, 500, 1000)
 
 
@@ -624,11 +635,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"not resuming: {args.save} is of another gate, seed or sims", file=sys.stderr)
 
     def cell(key: str, pool: int, noise: Noise, effect: Effect = Effect(), repeats: int = R,
-             criterion: str | None = None, policy: GatePolicy | None = None) -> dict[bool, Cell]:
-        name = (key, pool, noise.key, repeats, policy is not None)
+             criterion: str | None = None, policy: GatePolicy | None = None, gate: bool = True) -> dict[bool, Cell]:
+        name = (key, pool, noise.key, repeats, policy is not None, gate)
         if name not in done:
             done[name] = run_cell(cell_seed(args.seed, key, pool, noise.key, repeats), sims, pool, noise, effect,
-                                  repeats, criterion, policy=policy,
+                                  repeats, criterion, policy=policy, gate=gate,
                                   progress=f"{key} pool={pool} {noise.key} R={repeats}")
             if args.save:
                 args.save.write_bytes(pickle.dumps({"stamp": stamp, "cells": done}))
@@ -642,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     res["truth"] = {nz.key: cell("aa@truth", DEFAULT_POOL, nz, policy=AT_TRUTH) for nz in (GPU, HEAVY)}
     res["bound"] = {(name, nz.key, r): cell(f"bound:{name}", DEFAULT_POOL, nz, eff, r, criterion=name)
                     for name, eff in AT_BOUND.items() for nz in (DETERMINISTIC, GPU) for r in (1, 3)}
-    res["bound500"] = {(name, nz.key): cell(f"bound:{name}", 500, nz, eff, 1, criterion=name)
+    res["bound500"] = {(name, nz.key): cell(f"bound:{name}", 500, nz, eff, 1, criterion=name, gate=False)
                        for name, eff in AT_BOUND.items() for nz in (DETERMINISTIC, GPU)}
     res["power"] = {label: cell(f"power:{label}", DEFAULT_POOL, GPU, eff) for label, eff in POWER.items()}
     res["broken"] = {(nz.key, pool): (res["power"][BROKEN_LABEL] if nz is GPU and pool == DEFAULT_POOL
@@ -658,8 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     if after["sources"] != gate["sources"]:
         print(f"WARNING: the gate's sources changed while this ran ({gate['sources']} -> {after['sources']}); "
               "the figures are of the gate at the start: rerun", file=sys.stderr)
+    compute = sum(next(iter(c.values())).seconds for c in done.values())
     meta = dict(command=command, seed=args.seed, sims=sims, repeats=R, started=started, elapsed=elapsed,
-                load=(load, _loadavg()), gate=gate)
+                load=(load, _loadavg()), gate=gate, compute=compute)
     if args.save:
         args.save.with_suffix(".render.pkl").write_bytes(pickle.dumps({"res": res, **meta}))
     args.out.write_text(render(res, **meta))
@@ -699,7 +711,7 @@ def _smallest_pool(rates: dict[int, float], target: float) -> str:
 
 
 def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: int, started: _dt.datetime, elapsed: float,
-           load: tuple[float | None, float | None], gate: dict[str, str]) -> str:
+           load: tuple[float | None, float | None], gate: dict[str, str], compute: float) -> str:
     """docs/calibration.md from the cells' results."""
     P, alpha = POLICY, POLICY.alpha
     level = nominal_alpha(alpha, SEQ_LOOKS)
@@ -712,8 +724,9 @@ def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: 
     add(f"""# Calibration of the gate
 
 Generated by `{command}` ({sims} simulated compares per cell, seed {seed}),
-started {started:%Y-%m-%d %H:%M}, {elapsed / 60:.0f} min on one core of this project's 2-core machine
-(load average {load_txt} at start / end: shared with other work, so the time is an upper bound),
+started {started:%Y-%m-%d %H:%M}: {compute / 60:.0f} min of single-process compute summed over the cells
+({elapsed / 60:.0f} min wall clock for the last run{" of a resumed one" if compute > elapsed + 60 else ""}) on this project's
+2-core machine (load average {load_txt} at start / end: shared with other work, so times are upper bounds),
 on the gate of commit {gate["commit"]}{" with uncommitted changes to it" if gate["dirty"] == "yes" else ""} (gate sources {gate["sources"]}).
 Do not edit by hand: rerun the script. `--quick` (200 per cell) prints the same figures without writing.
 
@@ -915,7 +928,7 @@ PASS rate at 124 items is as low as A/A's.
     add(f"""
 What it shows: the sequential design FAILs a broken candidate at the first look (a quarter of
 the pool) in at least {_pct(first)} of compares at every pool size. An unchanged config is PASSed
-early only where the pool holds more evidence than it needs (deterministic server, 250+ items:
+early only where the pool holds more evidence than it needs (deterministic server, 500+ items:
 one look); where the pool is just enough, the sequential compare runs to the last looks. Under
 GPU-like noise an A/A compare is decided sequentially vs fixed-n in ({gaps}) of compares on
 the same pool: each look tests at α′ = {nominal_alpha(POLICY.alpha, SEQ_LOOKS):.4f}, but a primary criterion shown inside at
