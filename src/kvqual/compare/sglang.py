@@ -1,0 +1,126 @@
+"""Teacher forcing on SGLang: score token ids through its native `/generate` with prompt logprobs.
+
+SGLang's OpenAI `/v1/completions` cannot stand in for vLLM's echo: it has no
+`return_tokens_as_token_ids`, its logprob tokens are text and its `text_offset` is always -1
+(entrypoints/openai/utils.py `to_openai_style_logprobs`), and its code warns that echo with logprobs
+belongs on `/generate`. So `SglangForcer.score_ids` asks the native API (sgl-project/sglang, read 2026):
+
+- request (managers/io_struct.py `GenerateReqInput`): `input_ids`, `sampling_params`
+  `{"max_new_tokens": 0, "temperature": 0}` (sampling/sampling_params.py `verify` accepts 0: a
+  prefill-only request, as SGLang's own logprob tests send), `return_logprob`, `logprob_start_len: 0`
+  (the default -1 returns output logprobs only), `top_logprobs_num`, `return_text_in_logprobs: false`;
+- answer (managers/tokenizer_manager.py `add_logprob_to_meta_info` / `detokenize_logprob_tokens`):
+  `meta_info.input_token_logprobs` is one `[logprob, token_id, text or null]` per prompt position from
+  `logprob_start_len` on; the first logprob is null, whatever the start
+  (managers/scheduler_output_processor_mixin.py: `[None] + input_token_logprobs[:-1]`), and
+  `input_top_logprobs` has the same length, null first, then `top_logprobs_num` entries of the same
+  triple, best first.
+
+They become kvqual's `TokenLogprobs` in vLLM's `return_tokens_as_token_ids` conventions
+(`client.token_id_of`): tokens `"token_id:<id>"`, `token_ids` set from the ids SGLang reports (so
+`_force_ids` checks them against what was sent), top-k maps keyed the same way, position 0 None / {}.
+
+Prompts: the base `prompt_ids` is kept. SGLang's `/tokenize` (alias of `/v1/tokenize`,
+entrypoints/openai/protocol.py `TokenizeRequest`) takes `prompt` or, in current releases, `messages`,
+rendered by the chat endpoint's own `_process_messages` with the generation prompt always added; the
+`add_generation_prompt` field the base sends is accepted and ignored (`extra="allow"`). Older SGLang
+takes `prompt` only: chat items are then left out with the base's reason.
+
+Generated token ids: SGLang's OpenAI endpoints give them only through `return_token_ids: true`
+(protocol.py `CompletionRequest` / `ChatCompletionRequest`; the choice then carries `token_ids`, the
+native `output_ids`, and `prompt_token_ids`). kvqual's client asks for vLLM's
+`return_tokens_as_token_ids` instead, which SGLang ignores, so SGLang generations come back without ids
+and are forced by text (completions items, which SGLang's -1 offsets defeat) or not at all (chat items)
+until the client also sends `return_token_ids` and reads `choices[0].token_ids`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import httpx
+
+from kvqual.client import TOKEN_ID_PREFIX, classify
+from kvqual.compare.teacher import FAILED, TeacherForcer
+from kvqual.errors import ServerContractError
+from kvqual.probe import server_root
+from kvqual.records import TokenLogprobs
+
+
+def score_payload(ids: list[int], top_logprobs: int) -> dict[str, Any]:
+    """SGLang /generate body that scores every position of `ids` and generates nothing."""
+    return {
+        "input_ids": list(ids),
+        "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": max(0, top_logprobs),
+        "return_text_in_logprobs": False,
+    }
+
+
+def _triple(entry: Any, server: str) -> tuple[float | None, int]:
+    if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not isinstance(entry[1], int) \
+            or isinstance(entry[1], bool) or not (entry[0] is None or isinstance(entry[0], (int, float))):
+        raise ServerContractError(f"{server}: /generate logprob entry is not [logprob, token_id, text]: "
+                                  f"{str(entry)[:100]}")
+    return (None if entry[0] is None else float(entry[0])), entry[1]
+
+
+def parse_scores(data: Mapping[str, Any] | list[Any], want_top: int, server: str = "server") -> TokenLogprobs:
+    """`meta_info.input_token_logprobs` (+ `input_top_logprobs`) of a /generate answer as
+    TokenLogprobs with `token_id:<id>` tokens; missing or malformed logprobs are a contract error."""
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    meta = data.get("meta_info") if isinstance(data, Mapping) else None
+    entries = meta.get("input_token_logprobs") if isinstance(meta, Mapping) else None
+    if not isinstance(entries, list) or not entries:
+        raise ServerContractError(f"{server}: /generate returned no input_token_logprobs (teacher forcing on "
+                                  "SGLang needs return_logprob with logprob_start_len 0; pass "
+                                  "--no-teacher-forcing to skip it)")
+    pairs = [_triple(e, server) for e in entries]
+    tops: list[Mapping[str, float]] = [{} for _ in pairs]
+    if want_top > 0:
+        raw = meta.get("input_top_logprobs")
+        if not isinstance(raw, list) or len(raw) != len(pairs):
+            raise ServerContractError(f"{server}: /generate returned {len(raw) if isinstance(raw, list) else 'no'} "
+                                      f"input_top_logprobs for {len(pairs)} positions")
+        for i, position in enumerate(raw):
+            if position is not None:
+                tops[i] = {f"{TOKEN_ID_PREFIX}{tid}": lp for lp, tid in (_triple(e, server) for e in position)
+                           if lp is not None}
+    return TokenLogprobs(tokens=tuple(f"{TOKEN_ID_PREFIX}{tid}" for _, tid in pairs),
+                         token_logprobs=tuple(lp for lp, _ in pairs), top_logprobs=tuple(tops),
+                         token_ids=tuple(tid for _, tid in pairs))
+
+
+class SglangForcer(TeacherForcer):
+    """TeacherForcer whose id scoring goes through SGLang's native /generate (the text path and
+    prompt rendering are the base's)."""
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self.timeout,
+                                           headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
+        return self._http
+
+    async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
+        """Logprobs of every position of `ids` (position 0 None), tokens as ids; or why not (a request
+        that failed for good). A malformed answer is a contract error, as in the base."""
+        http, url = self._client(), f"{server_root(self.base_url)}/generate"
+        body = score_payload(ids, self.top_logprobs)
+
+        async def post() -> Any:
+            response = await http.post(url, json=body)
+            response.raise_for_status()
+            return response.json()
+
+        try:
+            data = await self._retrying(post)
+        except ServerContractError:
+            raise
+        except httpx.HTTPStatusError as exc:  # SGLang's reason is in the body ({"error": {"message": ...}})
+            return f"{FAILED}: HTTP {exc.response.status_code}: {exc.response.text[:300]}"
+        except Exception as exc:  # noqa: BLE001 - recorded as a failure with its reason
+            return f"{FAILED}: {classify(exc).message}"
+        return parse_scores(data, self.top_logprobs, self.base_url)

@@ -1,0 +1,320 @@
+"""SGLang: teacher forcing through /generate, probe, telemetry and flush_cache against a fake SGLang
+server on loopback (tests/fakesglang.py), which speaks SGLang's request and response shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from kvqual.client import parse_echo, token_id_of
+from kvqual.compare.sglang import SglangForcer, parse_scores, score_payload
+from kvqual.compare.teacher import FAILED, check_echo_trust
+from kvqual.errors import ServerContractError
+from kvqual.probe import describe, flush_cache, parse_prometheus
+from kvqual.records import Item, Sample, TokenLogprobs
+from kvqual.telemetry import FAMILIES, Scraper, snapshot, source_of
+
+FAKE = Path(__file__).with_name("fakesglang.py")
+MODEL = "fake-org/toy-sglang-model"
+PROMPT = "The capital of France is"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeSglang:
+    def __init__(self, port: int, proc: subprocess.Popen) -> None:
+        self.port, self.proc = port, proc
+        self.root = f"http://127.0.0.1:{port}"
+        self.base_url = f"{self.root}/v1"
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        response = httpx.post(f"{self.root}{path}", json=body, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+def start_fake_sglang(*flags: str) -> FakeSglang:
+    """tests/kvtest.py's start_fake, for tests/fakesglang.py (SGLang answers /health with an empty 200)."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+            return FakeSglang(port, proc)
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"fake SGLang exited with {proc.returncode}")
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("fake SGLang did not start")
+
+
+def _server(*flags: str) -> Iterator[FakeSglang]:
+    server = start_fake_sglang(*flags)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def fp8() -> Iterator[FakeSglang]:
+    """A baseline as `--kv-cache-dtype fp8_e4m3 --enable-metrics` would serve it."""
+    yield from _server("--kv-cache-dtype", "fp8_e4m3", "--enable-metrics", "--max-total-num-tokens", "12345")
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[FakeSglang]:
+    """SGLang's defaults: kv_cache_dtype auto, no /metrics."""
+    yield from _server()
+
+
+def _force(server_url: str, call: str, *args: Any, retries: int = 5) -> Any:
+    async def go() -> Any:
+        forcer = SglangForcer(server_url, "", MODEL, top_logprobs=3, timeout=10, concurrency=2, retries=retries)
+        try:
+            return await getattr(forcer, call)(*args)
+        finally:
+            await forcer.aclose()
+    return asyncio.run(go())
+
+
+def _generate(server: FakeSglang, **extra: Any) -> dict[str, Any]:
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 32, "temperature": 0}, "return_logprob": True,
+            "top_logprobs_num": 3, "return_prompt_token_ids": True, **extra}
+    return server.post("/generate", body)
+
+
+# ---------------------------------------------------------------- (a) teacher forcing through /generate
+
+def test_score_ids_gives_back_exactly_what_the_server_reported_while_generating(fp8):
+    gen = _generate(fp8)
+    prompt, output, meta = gen["prompt_token_ids"], gen["output_ids"], gen["meta_info"]
+    assert len(output) >= 2 and meta["completion_tokens"] == len(output) and meta["prompt_tokens"] == len(prompt)
+    lp = _force(fp8.base_url, "score_ids", prompt + output)
+    assert isinstance(lp, TokenLogprobs)
+    n, ids = len(prompt), prompt + output
+    assert lp.token_ids == tuple(ids)
+    assert lp.tokens == tuple(f"token_id:{i}" for i in ids) and [token_id_of(t) for t in lp.tokens] == ids
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] == {}  # nothing predicts the first token
+    assert all(x is not None and x < 0 for x in lp.token_logprobs[1:])
+    assert all(len(top) == 3 for top in lp.top_logprobs[1:])
+    # prefill of prompt + completion == what decode reported, value for value
+    assert lp.token_logprobs[n:] == tuple(e[0] for e in meta["output_token_logprobs"])
+    assert lp.top_logprobs[n:] == tuple({f"token_id:{tid}": v for v, tid, _ in top}
+                                        for top in meta["output_top_logprobs"])
+    greedy = [max(top, key=top.get) for top in lp.top_logprobs[n:]]
+    assert greedy == [f"token_id:{i}" for i in output]  # temperature 0 took the top token each time
+
+
+def test_chat_item_with_generated_ids_is_forced_exactly(fp8):
+    """How a chat sample looks once the generation side records SGLang's `return_token_ids`: the
+    prompt is rendered by SGLang's /tokenize with messages (the base prompt_ids), the completion
+    scored by /generate, and the echo-trust check sees no difference at all."""
+    messages = [{"role": "user", "content": "Name a Greek letter."}]
+    item = Item(id="c1", suite="chat", messages=tuple(messages))
+    data = fp8.post("/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 32, "temperature": 0,
+                                             "logprobs": True, "top_logprobs": 3, "return_token_ids": True})
+    choice, usage = data["choices"][0], data["usage"]
+    content = choice["logprobs"]["content"]
+    assert len(choice["token_ids"]) == len(content) == usage["completion_tokens"] >= 2
+    generated = TokenLogprobs(tokens=tuple(c["token"] for c in content),
+                              token_logprobs=tuple(c["logprob"] for c in content),
+                              top_logprobs=tuple({t["token"]: t["logprob"] for t in c["top_logprobs"]}
+                                                 for c in content),
+                              token_ids=tuple(choice["token_ids"]))
+    sample = Sample(id="c1", suite="chat", repeat=0, text=choice["message"]["content"],
+                    finish_reason=choice["finish_reason"], completion_tokens=usage["completion_tokens"], error=None,
+                    prompt_tokens=usage["prompt_tokens"], logprobs=generated)
+    assert _force(fp8.base_url, "prompt_ids", item) == choice["prompt_token_ids"]
+    forced = _force(fp8.base_url, "force", item, sample)
+    assert (forced.aligned, forced.method, forced.reason) == (True, "ids", None)
+    assert forced.logprobs.token_ids == generated.token_ids
+    assert forced.logprobs.token_logprobs == generated.token_logprobs
+    assert check_echo_trust([(sample, forced)], "fake-sglang") == 0.0
+
+
+def test_completions_item_with_generated_ids_is_forced_exactly(fp8):
+    item = Item(id="p1", suite="text", prompt=PROMPT)
+    data = fp8.post("/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 32, "temperature": 0,
+                                        "logprobs": 3, "return_token_ids": True})
+    choice = data["choices"][0]
+    lp = choice["logprobs"]
+    generated = TokenLogprobs(tokens=tuple(lp["tokens"]), token_logprobs=tuple(lp["token_logprobs"]),
+                              top_logprobs=tuple(lp["top_logprobs"]), token_ids=tuple(choice["token_ids"]))
+    sample = Sample(id="p1", suite="text", repeat=0, text=choice["text"], finish_reason=choice["finish_reason"],
+                    completion_tokens=data["usage"]["completion_tokens"], error=None,
+                    prompt_tokens=data["usage"]["prompt_tokens"], logprobs=generated)
+    forced = _force(fp8.base_url, "force", item, sample)
+    assert (forced.aligned, forced.method) == (True, "ids")
+    assert forced.logprobs.token_logprobs == generated.token_logprobs
+    assert choice["prompt_token_ids"] == _force(fp8.base_url, "prompt_ids", item)
+
+
+def test_a_drifting_candidate_scores_the_baseline_tokens_with_its_own_logprobs(fp8):
+    gen = _generate(fp8)
+    ids = gen["prompt_token_ids"] + gen["output_ids"]
+    baseline = [e[0] for e in gen["meta_info"]["output_token_logprobs"]]
+    for noise in ("0.5",):
+        candidate = start_fake_sglang("--logprob-noise", noise)
+        try:
+            lp = _force(candidate.base_url, "score_ids", ids)
+        finally:
+            candidate.stop()
+        assert lp.token_ids == tuple(ids)
+        diffs = [b - c for b, c in zip(baseline, lp.token_logprobs[len(gen["prompt_token_ids"]):])]
+        assert len(diffs) == len(baseline) and all(0 <= d < float(noise) for d in diffs) and max(diffs) > 0
+
+
+def test_a_request_that_fails_for_good_is_a_failed_reason_not_logprobs():
+    reason = _force(f"http://127.0.0.1:{_free_port()}/v1", "score_ids", [1, 2, 3], retries=0)
+    assert isinstance(reason, str) and reason.startswith(FAILED) and "connection error" in reason
+
+
+def test_score_payload_is_a_prefill_only_request_for_every_position():
+    assert score_payload([1, 5, 9], 4) == {
+        "input_ids": [1, 5, 9], "sampling_params": {"max_new_tokens": 0, "temperature": 0}, "return_logprob": True,
+        "logprob_start_len": 0, "top_logprobs_num": 4, "return_text_in_logprobs": False}
+
+
+def test_parse_scores_converts_sglang_triples_and_refuses_missing_logprobs():
+    data = {"text": "", "output_ids": [], "meta_info": {
+        "input_token_logprobs": [[None, 1, None], [-0.5, 7, None]],
+        "input_top_logprobs": [None, [[-0.25, 8, None], [-0.5, 7, None]]]}}
+    assert parse_scores(data, 2) == TokenLogprobs(tokens=("token_id:1", "token_id:7"), token_logprobs=(None, -0.5),
+                                                  top_logprobs=({}, {"token_id:8": -0.25, "token_id:7": -0.5}),
+                                                  token_ids=(1, 7))
+    with pytest.raises(ServerContractError, match="no input_token_logprobs"):
+        parse_scores({"meta_info": {"input_token_logprobs": []}}, 2)
+    with pytest.raises(ServerContractError, match="input_top_logprobs"):
+        parse_scores({"meta_info": {"input_token_logprobs": [[None, 1, None]]}}, 2)
+
+
+# ---------------------------------------------------------------- the shapes kvqual relies on
+
+def test_generate_covers_the_prompt_from_logprob_start_len_with_a_null_first_entry(plain):
+    ids = plain.post("/v1/tokenize", {"prompt": PROMPT})["tokens"]
+    metas = {}
+    for start in (0, 2):
+        out = plain.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                                       "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": 2})
+        meta = metas[start] = out["meta_info"]
+        assert [e[1] for e in meta["input_token_logprobs"]] == ids[start:]
+        assert meta["input_token_logprobs"][0][0] is None and meta["input_top_logprobs"][0] is None
+        assert all(e[2] is None for e in meta["input_token_logprobs"])  # return_text_in_logprobs is off
+        assert (out["output_ids"], meta["completion_tokens"], meta["output_token_logprobs"]) == ([], 0, [])
+        assert meta["finish_reason"] == {"type": "length", "length": 0}
+    assert metas[2]["input_token_logprobs"][1:] == metas[0]["input_token_logprobs"][3:]
+    default = plain.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1},
+                                       "return_logprob": True})
+    assert default["meta_info"]["input_token_logprobs"] == []  # logprob_start_len -1: output logprobs only
+
+
+def test_sglang_openai_echo_gives_text_tokens_and_no_offsets_hence_the_native_forcer(plain):
+    data = plain.post("/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "echo": True,
+                                          "logprobs": 2, "temperature": 0, "return_tokens_as_token_ids": True})
+    lp = parse_echo(data)
+    assert lp.token_ids is None and lp.tokens == ("<s>", "The", " capital", " of", " France", " is")
+    assert set(lp.text_offset) == {-1} and lp.token_logprobs[0] is None
+
+
+def test_tokenize_takes_prompt_or_messages_never_both(plain):
+    r = httpx.post(f"{plain.root}/tokenize", json={"prompt": "a", "messages": [{"role": "user", "content": "a"}]})
+    assert r.status_code == 400 and r.json()["message"] == "Exactly one of 'prompt' or 'messages' must be provided."
+    chat = plain.post("/tokenize", {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True})
+    assert chat["count"] == len(chat["tokens"]) == 5 and chat["tokens"][0] == 1 and chat["max_model_len"] == 4096
+
+
+# ---------------------------------------------------------------- (b) probe
+
+def test_describe_reads_sglang_server_info(fp8):
+    info = asyncio.run(describe(fp8.base_url, ""))
+    assert info["engine"] == "sglang"
+    assert info["models"] == [MODEL]
+    assert info["kv_cache_dtype"] == "fp8_e4m3" and info["kv_capacity_tokens"] == 12345
+    si = info["server_info"]
+    assert si["max_total_num_tokens"] == 12345 and si["mem_fraction_static"] == 0.836
+    assert si["internal_states"][0]["memory_usage"]["token_capacity"] == 12345
+    assert "max_total_num_tokens" not in si["internal_states"][0]  # SGLang keeps it at the top level only
+    assert info["metrics_available"] is True
+
+
+def test_describe_finds_sglang_without_metrics(plain):
+    info = asyncio.run(describe(plain.base_url, ""))
+    assert info["engine"] == "sglang"  # from mem_fraction_static in /get_server_info
+    assert info["kv_cache_dtype"] == "auto" and info["kv_capacity_tokens"] == 20480
+    assert "metrics_available" not in info
+    assert httpx.get(f"{plain.root}/metrics").status_code == 404  # SGLang needs --enable-metrics
+
+
+# ---------------------------------------------------------------- (c) telemetry
+
+def test_telemetry_maps_the_names_sglang_exports(fp8):
+    parsed = parse_prometheus(httpx.get(f"{fp8.root}/metrics").text)
+    assert source_of(parsed) == "sglang"
+    used = {ours: next((n for n in names if n in parsed or f"{n}_sum" in parsed), None)
+            for ours, names in FAMILIES.items()}
+    assert used == {"prompt_tokens": "sglang:prompt_tokens_total",
+                    "generation_tokens": "sglang:generation_tokens_total",
+                    "kv_usage": "sglang:token_usage", "running": "sglang:num_running_reqs",
+                    "ttft": "sglang:time_to_first_token_seconds", "itl": "sglang:inter_token_latency_seconds"}
+    assert parsed["sglang:num_running_reqs"] == [({"engine_type": "unified", "model_name": MODEL, "pp_rank": "0",
+                                                  "tp_rank": "0"}, 0.0)]
+    assert set(snapshot(parsed)) == {"prompt_tokens", "generation_tokens", "kv_usage", "running", "ttft_sum",
+                                     "ttft_count", "itl_sum", "itl_count"}
+
+
+def test_scraper_counts_what_the_server_did_during_the_run(fp8):
+    async def run() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        scraper = Scraper((fp8.base_url,), interval_s=0.05)
+        await scraper.start()
+        metas = []
+        async with httpx.AsyncClient(timeout=10) as http:
+            for text in ("one two three", "four five six seven"):
+                r = await http.post(f"{fp8.root}/generate",
+                                    json={"text": text, "sampling_params": {"max_new_tokens": 8}})
+                metas.append(r.json()["meta_info"])
+            await asyncio.sleep(0.12)
+        return await scraper.stop(), metas
+
+    summary, metas = asyncio.run(run())
+    assert summary is not None and summary["source"] == "sglang"
+    assert summary["prompt_tokens"] == sum(m["prompt_tokens"] for m in metas)
+    assert summary["generation_tokens"] == sum(m["completion_tokens"] for m in metas)
+    assert summary["ttft_mean_s"] == pytest.approx(0.01) and summary["itl_mean_s"] == pytest.approx(0.002)
+    assert summary["kv_usage_peak"] == 0.0 and summary["running_peak"] == 0.0 and summary["scrapes"] >= 3
+
+
+# ---------------------------------------------------------------- (d) flush_cache
+
+def test_flush_cache_empties_the_prefix_cache(plain):
+    body = {"text": "a prompt only this test sends", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    assert asyncio.run(flush_cache(plain.base_url, "")) is True  # other tests' prompts share <s> with this one
+    first = plain.post("/generate", body)["meta_info"]
+    again = plain.post("/generate", body)["meta_info"]
+    assert first["cached_tokens"] == 0 and again["cached_tokens"] == again["prompt_tokens"] - 1
+    assert asyncio.run(flush_cache(plain.base_url, "")) is True
+    assert plain.post("/generate", body)["meta_info"]["cached_tokens"] == 0
+    assert httpx.get(f"{plain.root}/flush_cache").text.startswith("Cache flushed.")
+
+
+def test_flush_cache_is_false_when_nothing_answers():
+    assert asyncio.run(flush_cache(f"http://127.0.0.1:{_free_port()}/v1", "", timeout=2)) is False
