@@ -29,8 +29,32 @@ def test_token_id_prompt_and_chat_payload():
 
 
 def test_echo_payload():
+    # a token-id prompt asks for ids back, so what was scored can be checked against what was sent
     assert echo_payload([5, 6], "m", 5) == {"model": "m", "prompt": [5, 6], "max_tokens": 1, "echo": True,
-                                            "temperature": 0.0, "logprobs": 5}
+                                            "temperature": 0.0, "logprobs": 5, "return_tokens_as_token_ids": True}
+    assert "return_tokens_as_token_ids" not in echo_payload("text", "m", 5)
+
+
+def test_generation_asks_for_token_ids_only_when_told():
+    from kvqual.records import GenerationParams, Item
+
+    item = Item(id="a", suite="s", messages=({"role": "user", "content": "hi"},))
+    with_ids = GenerationParams(token_ids=True)
+    assert chat_payload(item, with_ids, "m")["return_tokens_as_token_ids"] is True
+    assert "return_tokens_as_token_ids" not in chat_payload(item, GenerationParams(), "m")
+    text = Item(id="b", suite="s", prompt="hi")
+    assert completion_payload(text, with_ids, "m")["return_tokens_as_token_ids"] is True
+    # a run from before the field keeps its identity (its manifest's params have no token_ids)
+    assert "token_ids" not in GenerationParams().to_json() and with_ids.to_json()["token_ids"] is True
+
+
+def test_echo_of_token_ids_keeps_the_ids_when_the_generated_token_is_dropped():
+    data = {"choices": [{"index": 0, "text": "", "logprobs": {
+        "tokens": ["token_id:5", "token_id:6", "token_id:9"], "token_logprobs": [None, -0.5, -0.1],
+        "top_logprobs": [None, {"token_id:6": -0.5}, {"token_id:9": -0.1}], "text_offset": [0, 1, 2]}}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1}}
+    lp = parse_echo(data)
+    assert lp.token_ids == (5, 6) and lp.tokens == ("token_id:5", "token_id:6")
 
 
 COMPLETION = {

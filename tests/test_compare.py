@@ -130,8 +130,9 @@ def test_a_target_against_itself_is_a_real_aa_comparison(tmp_path, fake_server):
 
 
 def test_token_criteria_that_cannot_be_measured_never_pass(tmp_path, fake_server):
-    """Chat items on a server without a /tokenize that takes messages: teacher forcing cannot render
-    them, so the token criteria are open (with the reason), never quietly dropped."""
+    """Chat items on a server that returns no token ids and has no /tokenize taking messages: teacher
+    forcing cannot score them exactly, so the token criteria are open (with the reason), never
+    quietly dropped."""
     setup(tmp_path, fake_server, [], n=0)
     chat = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}: [[answer={i}]]"}],
              "answer": str(i), "scorer": "exact"} for i in range(120)]
@@ -141,7 +142,7 @@ def test_token_criteria_that_cannot_be_measured_never_pass(tmp_path, fake_server
     rep = report_of(tmp_path)
     assert criterion(rep, "kl_excess")["status"] == "inconclusive"
     assert rep["teacher_forcing"]["usable"] == 0 and rep["teacher_forcing"]["pairs"] == 120
-    assert "chat prompt cannot be rendered" in " ".join(rep["teacher_forcing"]["left_out"])
+    assert "cannot be forced exactly" in " ".join(rep["teacher_forcing"]["left_out"])
     assert r.stdout.splitlines()[1].startswith("teacher forcing: token metrics on 0 of 120 pairs (0%)")
     md = next((tmp_path / "results").glob("compare-*/report.md")).read_text()
     assert "token metrics on 0 of 120 pairs" in md.split("### Criteria")[0]

@@ -36,6 +36,8 @@ def completion_payload(item: Item, params: GenerationParams, model: str, repeat:
     }
     if params.top_logprobs > 0:
         body["logprobs"] = params.top_logprobs
+        if params.token_ids:
+            body["return_tokens_as_token_ids"] = True
     return body
 
 
@@ -52,6 +54,8 @@ def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int =
     if params.top_logprobs > 0:
         body["logprobs"] = True
         body["top_logprobs"] = params.top_logprobs
+        if params.token_ids:
+            body["return_tokens_as_token_ids"] = True
     return body
 
 
@@ -63,8 +67,10 @@ def stream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
 def echo_payload(prompt: str | list[int], model: str, top_logprobs: int) -> dict[str, Any]:
     """Teacher forcing: score `prompt` (text or token ids) with echo. `max_tokens` is 1, the convention
     the engines agree on (lm-eval sends the same): some servers refuse 0, and llama.cpp's reads it as
-    "up to the context length". The one generated token is dropped by `parse_echo`."""
-    return {
+    "up to the context length". The one generated token is dropped by `parse_echo`. A token-id
+    prompt asks for tokens as ids too (vLLM's `return_tokens_as_token_ids`), so what was scored can
+    be checked id for id against what was sent."""
+    body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
         "max_tokens": 1,
@@ -72,6 +78,9 @@ def echo_payload(prompt: str | list[int], model: str, top_logprobs: int) -> dict
         "temperature": 0.0,
         "logprobs": max(1, top_logprobs),
     }
+    if isinstance(prompt, list):
+        body["return_tokens_as_token_ids"] = True
+    return body
 
 
 # ---------------------------------------------------------------- parsers (pure)
@@ -181,7 +190,8 @@ def parse_echo(data: Mapping[str, Any], server: str = "server") -> TokenLogprobs
     if prompt_tokens is not None and len(lp.tokens) > prompt_tokens:  # the generated token(s) after the prompt
         lp = TokenLogprobs(tokens=lp.tokens[:prompt_tokens], token_logprobs=lp.token_logprobs[:prompt_tokens],
                            top_logprobs=lp.top_logprobs[:prompt_tokens],
-                           text_offset=lp.text_offset[:prompt_tokens] if lp.text_offset is not None else None)
+                           text_offset=lp.text_offset[:prompt_tokens] if lp.text_offset is not None else None,
+                           token_ids=lp.token_ids[:prompt_tokens] if lp.token_ids is not None else None)
     return lp
 
 

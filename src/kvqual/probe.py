@@ -80,14 +80,70 @@ async def describe(base_url: str, api_key: str, timeout: float = 30.0) -> dict[s
             except ValueError:
                 pass
         metrics = await _get(client, f"{root}/metrics")
+        parsed: dict[str, list[tuple[dict[str, str], float]]] = {}
         if metrics is not None:
             parsed = parse_prometheus(metrics.text)
             info["metrics_available"] = True
             vllm_dtype = kv_dtype_from_metrics(parsed)
             if vllm_dtype is not None:
                 info["vllm_cache_dtype"] = vllm_dtype
+            vllm_capacity = kv_capacity_from_metrics(parsed)
+            if vllm_capacity is not None:
+                info["vllm_kv_capacity_tokens"] = vllm_capacity
     info["kv_cache_dtype"] = reported_kv_dtype(info)
+    info["kv_capacity_tokens"] = reported_kv_capacity(info)
+    info["engine"] = engine_of(info, parsed)
     return info
+
+
+def kv_capacity_from_metrics(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> int | None:
+    """vLLM's KV capacity in tokens: `kv_cache_size_tokens` on `vllm:cache_config_info` where the
+    engine exports it, else `num_gpu_blocks` × `block_size` from the same labels."""
+    for labels, _ in metrics.get("vllm:cache_config_info", []):
+        try:
+            if labels.get("kv_cache_size_tokens") not in (None, "", "None"):
+                return int(float(labels["kv_cache_size_tokens"]))
+            if labels.get("num_gpu_blocks") not in (None, "", "None") and labels.get("block_size"):
+                return int(float(labels["num_gpu_blocks"])) * int(float(labels["block_size"]))
+        except ValueError:
+            continue
+    return None
+
+
+def reported_kv_capacity(info: dict[str, Any]) -> int | None:
+    """KV capacity in tokens as the server reports it: SGLang's (and kvqual serve's)
+    `max_total_num_tokens` in /get_server_info, or vLLM's from /metrics."""
+    si = info.get("server_info") or {}
+    value = si.get("max_total_num_tokens") if isinstance(si, dict) else None
+    if value is None and isinstance(si, dict):
+        value = (si.get("internal_states") or [{}])[0].get("max_total_num_tokens") \
+            if isinstance(si.get("internal_states"), list) and si["internal_states"] else None
+    if value is None:
+        value = info.get("vllm_kv_capacity_tokens")
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def engine_of(info: dict[str, Any], metrics: dict[str, list[tuple[dict[str, str], float]]]) -> str | None:
+    """Which engine answers, from what it exports: vLLM's `vllm:` metrics, SGLang's `sglang:` metrics
+    or /get_server_info, kvqual serve's `kvqual_serve:` metrics; None when it does not say."""
+    names = set(metrics)
+    if any(n.startswith("kvqual_serve:") for n in names):
+        return "kvqual"
+    if any(n.startswith("vllm:") for n in names):
+        return "vllm"
+    si = info.get("server_info")
+    if any(n.startswith("sglang:") for n in names) or (isinstance(si, dict) and "mem_fraction_static" in si):
+        return "sglang"
+    return None
+
+
+def speaks_token_ids(info: dict[str, Any]) -> bool:
+    """Engines known to take token-id prompts with echo and to return tokens as ids on request
+    (`return_tokens_as_token_ids`): vLLM, and kvqual serve, which follows vLLM's shapes."""
+    return info.get("engine") in ("vllm", "kvqual")
 
 
 def reported_kv_dtype(info: dict[str, Any]) -> str | None:

@@ -170,9 +170,13 @@ class GenerationParams:
     top_logprobs: int = 5
     repeats: int = 1
     stream: bool = False
+    token_ids: bool = False  # ask for tokens as ids (vLLM's `return_tokens_as_token_ids`): exact teacher forcing
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not self.token_ids:  # runs from before the field keep their identity
+            del out["token_ids"]
+        return out
 
 
 @dataclass(frozen=True)

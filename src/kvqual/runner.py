@@ -342,7 +342,8 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
         raise InfrastructureError(f"{target.name}: model {model!r} is not served at {target.base_url} "
                                   f"(served: {', '.join(info['models'])})")
     params = GenerationParams(temperature=run.temperature, top_p=run.top_p, seed=run.seed, max_tokens=run.max_tokens,
-                              top_logprobs=run.top_logprobs, repeats=run.repeats, stream=run.stream)
+                              top_logprobs=run.top_logprobs, repeats=run.repeats, stream=run.stream,
+                              token_ids=run.top_logprobs > 0 and probe.speaks_token_ids(info))
     plan = RunPlan(target, model, suites, params, limit, replicate, fraction)
     if not rerun:
         existing = _finished(run.results_dir, plan)

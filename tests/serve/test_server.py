@@ -21,10 +21,15 @@ def _client(url):
 
 
 def _chat_ids(url, content):
-    r = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": content}]})
+    r = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": content}],
+                                            "return_token_strs": True})
     assert r.status_code == 200
-    body = r.json()
-    assert body["count"] == len(body["tokens"]) and body["prompt"].endswith("<|im_start|>assistant\n")
+    body = r.json()  # vLLM's TokenizeResponse: count, max_model_len, tokens, token_strs
+    assert set(body) == {"count", "max_model_len", "tokens", "token_strs"}
+    assert body["count"] == len(body["tokens"]) and "".join(body["token_strs"]).endswith("<|im_start|>assistant\n")
+    closed = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": content}],
+                                                 "add_generation_prompt": False}).json()
+    assert body["tokens"][: closed["count"]] == closed["tokens"] and closed["count"] < body["count"]
     return body["tokens"]
 
 

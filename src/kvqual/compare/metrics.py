@@ -57,8 +57,13 @@ def task_metrics(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any] | None:
     }
 
 
-def _tokens_of(s: Sample) -> tuple[str, ...]:
-    return s.logprobs.tokens if s.logprobs is not None else tuple(s.text or "")
+def _seqs(a: Sample, b: Sample) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Both outputs as token sequences where both came in the same form (both as ids or both as
+    strings), else as characters: an id and a string never compare equal."""
+    la, lb = a.logprobs, b.logprobs
+    if la is not None and lb is not None and (la.token_ids is None) == (lb.token_ids is None):
+        return la.tokens, lb.tokens
+    return tuple(a.text or ""), tuple(b.text or "")
 
 
 def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
@@ -73,7 +78,7 @@ def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key,
         return None
     lb = np.array([a.completion_tokens or 0 for a, _ in pairs], dtype=float)
     lc = np.array([b.completion_tokens or 0 for _, b in pairs], dtype=float)
-    div = [tk.first_divergence(_tokens_of(a), _tokens_of(b)) for a, b in pairs]
+    div = [tk.first_divergence(*_seqs(a, b)) for a, b in pairs]
     diverged = [d for d in div if d is not None]
     out: dict[str, Any] = {
         "n": len(pairs),
@@ -281,8 +286,8 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, 
         "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],
                     "cand": [b.completion_tokens or 0 for _, b in ab_all],
                     "aa": [b.completion_tokens or 0 for _, b in aa_all] if aa_all else None},
-        "first_divergence": {"ab": [tk.first_divergence(_tokens_of(a), _tokens_of(b)) for a, b in ab_all],
-                             "aa": [tk.first_divergence(_tokens_of(a), _tokens_of(b)) for a, b in aa_all] if aa_all else None},
+        "first_divergence": {"ab": [tk.first_divergence(*_seqs(a, b)) for a, b in ab_all],
+                             "aa": [tk.first_divergence(*_seqs(a, b)) for a, b in aa_all] if aa_all else None},
         "by_position": {"ab": (sections[OVERALL]["teacher"]["ab"] or {}).get("by_position"),
                         "aa": (sections[OVERALL]["teacher"]["aa"] or {}).get("by_position")},
         "flips": {s: {"right_to_wrong": sections[s]["task"]["ab"]["flips_right_to_wrong"],
@@ -299,7 +304,7 @@ def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int 
         b = cand.get(k)
         if b is None or not (a.ok and b.ok) or a.text == b.text:
             continue
-        d = tk.first_divergence(_tokens_of(a), _tokens_of(b))
+        d = tk.first_divergence(*_seqs(a, b))
         char = next((i for i, (x, y) in enumerate(zip(a.text or "", b.text or "")) if x != y),
                     min(len(a.text or ""), len(b.text or "")))
         flip = (a.score or 0) != (b.score or 0)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,9 @@ def _run_summary(m: RunManifest | None) -> dict[str, Any] | None:
     si = m.server_info.get("server_info") or {}
     return {"run_id": m.run_id, "target": m.target, "model": m.model, "kv_cache_dtype": m.kv_cache_dtype,
             "reported_kv_dtype": m.server_info.get("kv_cache_dtype"), "kv_scale": si.get("kv_scale"),
-            "kv_fault": si.get("kv_fault"),
+            "kv_fault": si.get("kv_fault"), "engine": m.server_info.get("engine"),
+            "kv_capacity_tokens": m.server_info.get("kv_capacity_tokens"),
+            "token_ids": bool(m.params.token_ids),
             "base_urls": list(m.base_urls), "units": m.counts.get("units"), "ok": m.counts.get("ok"),
             "failed": m.counts.get("failed"), "started_at": m.started_at, "finished_at": m.finished_at,
             "fraction": m.fraction, "concurrency": m.concurrency,
@@ -231,6 +234,7 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
                           "answers (set [gate] min_speedup for a like-for-like ratio; docs/speed.md)")
                  if plan.get("overlap") else None}
     cov = inputs.coverage
+    methods = Counter(f.method for k, f in forced_c.items() if f.method and (k[0], k[1]) in judged)
     return {
         "schema_version": REPORT_SCHEMA_VERSION, "kvqual_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(bm.finished_at or 0, cm.finished_at or 0))),
@@ -241,10 +245,23 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
             "pairs": cov.pairs if cov else 0, "usable": cov.usable if cov else 0,
             "left_out": dict(cov.reasons.most_common()) if cov else {},
             "floor": inputs.tokens.floor_note if inputs.tokens is not None else None,
-            "refused": refused or None},
+            "refused": refused or None,
+            # how the candidate's forced pairs were scored: exact token ids, or text alignment (the fallback)
+            "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)}},
+        "capacity": capacity(bm, cm),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
         "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s),
     }
+
+
+def capacity(base: RunManifest, cand: RunManifest) -> dict[str, Any] | None:
+    """Each arm's KV capacity in tokens as its server reports it (SGLang / kvqual serve
+    `max_total_num_tokens`, vLLM `kv_cache_size_tokens`) and candidate / baseline; None when
+    neither reports it."""
+    b, c = base.server_info.get("kv_capacity_tokens"), cand.server_info.get("kv_capacity_tokens")
+    if b is None and c is None:
+        return None
+    return {"baseline": b, "candidate": c, "ratio": mx._r(c / b) if b and c else None}
 
 
 def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
@@ -303,7 +320,7 @@ def bound_text(c: dict[str, Any]) -> str:
 def console_summary(report: dict[str, Any]) -> str:
     v = report["verdict"]
     lines = [f"{v['verdict']}: {v['reason']}"]
-    from kvqual.report.summary import sequential_line, teacher_line
+    from kvqual.report.summary import capacity_line, sequential_line, teacher_line
 
     tf = teacher_line(report)
     if tf:
@@ -324,6 +341,9 @@ def console_summary(report: dict[str, Any]) -> str:
     seq = sequential_line(report)
     if seq:
         lines.append(seq)
+    cap = capacity_line(report)
+    if cap:
+        lines.append(cap)
     if report.get("speed"):
         s = report["speed"]
         r = s["ratio"]

@@ -1,11 +1,16 @@
 """Teacher forcing: score the baseline's completions on a server with `echo`, so both arms
 score identical tokens; and check first that a server's echo logprobs can be trusted.
 
-The prompt is sent as text (prompt, or the chat template's rendering from the server's
-`/tokenize`) followed by the baseline's completion text. The completion's tokens are found
-by `text_offset`; when they do not line up with the tokens the baseline generated (the
-boundary merged differently), the item is left out of token metrics and counted.
-Results land in the baseline run's folder as `teacher-by-<scoring run id>.jsonl`.
+Exact tokens first ("ids"): when the baseline's generation came back as token ids (vLLM's
+`return_tokens_as_token_ids`, which kvqual serve follows) and the scoring server renders
+prompts to ids (vLLM's `/tokenize`, with `messages` for chat items), the request is prompt ids
++ the generated ids as a token-id prompt on `/v1/completions` with `echo` and `logprobs`; the
+echoed ids are checked against those sent, and the completion is the positions after the
+prompt. Nothing is re-tokenized. Text alignment ("text") is the fallback for completions items
+on servers that offer neither: prompt text + completion text, the completion's tokens found by
+`text_offset`; when they do not line up with the generated tokens (the boundary merged
+differently), the item is left out and counted. Each Forced records its method, and the report
+counts them. Results land in the baseline run's folder as `teacher-by-<scoring run id>.jsonl`.
 """
 
 from __future__ import annotations
@@ -43,15 +48,18 @@ class Forced:
     aligned: bool
     reason: str | None
     logprobs: TokenLogprobs | None  # completion positions only
+    method: str | None = None  # "ids" (exact token ids) or "text" (text alignment); None: not scored
 
     def to_json(self) -> dict[str, Any]:
         return {"suite": self.suite, "id": self.id, "repeat": self.repeat, "aligned": self.aligned,
-                "reason": self.reason, "logprobs": self.logprobs.to_json() if self.logprobs else None}
+                "reason": self.reason, "method": self.method,
+                "logprobs": self.logprobs.to_json() if self.logprobs else None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Forced":
         lp = TokenLogprobs.from_json(d["logprobs"]) if d.get("logprobs") else None
-        return cls(d["suite"], d["id"], d["repeat"], d["aligned"], d.get("reason"), lp)
+        method = d.get("method", "text" if lp is not None else None)  # files from before ids were text
+        return cls(d["suite"], d["id"], d["repeat"], d["aligned"], d.get("reason"), lp, method)
 
 
 def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogprobs | None,
@@ -111,52 +119,115 @@ class TeacherForcer:
                 await asyncio.sleep(backoff_delay(attempt, self._rng, retry_after=info.retry_after))
                 attempt += 1
 
-    async def _render(self, item: Item) -> str | None:
+    async def _tokenize(self, body: dict[str, Any]) -> list[int] | None:
+        """vLLM's POST /tokenize → its `tokens` (ids); None when the server does not offer it."""
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout)
+            self._http = httpx.AsyncClient(timeout=self.timeout,
+                                           headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
         http = self._http
 
         async def post() -> httpx.Response:
-            r = await http.post(f"{server_root(self.base_url)}/tokenize",
-                                json={"model": self.model, "messages": [dict(m) for m in item.messages or ()]})
+            r = await http.post(f"{server_root(self.base_url)}/tokenize", json={"model": self.model, **body})
             if r.status_code >= 500 or r.status_code == 429:
                 r.raise_for_status()
             return r
 
         try:
             r = await self._retrying(post)
-            return r.json().get("prompt") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            tokens = r.json().get("tokens") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
             return None
+        if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            return tokens
+        return None
 
-    async def prompt_text(self, item: Item) -> str | None:
-        """The prompt as text; chat items through the server's /tokenize (None: not offered)."""
-        if item.api == "completions":
-            return item.prompt if isinstance(item.prompt, str) else None
+    async def prompt_ids(self, item: Item) -> list[int] | None:
+        """The prompt as the server's token ids: chat items rendered by its chat template (vLLM's
+        /tokenize with `messages` and the assistant turn opened), text prompts tokenized as its
+        completions endpoint tokenizes them; None when the server offers no such /tokenize."""
+        if item.api == "completions" and isinstance(item.prompt, tuple):
+            return list(item.prompt)
         key = f"{item.suite}\x00{item.id}"
         if key not in self._rendered:
-            self._rendered[key] = asyncio.ensure_future(self._render(item))
+            body: dict[str, Any]
+            if item.api == "chat":
+                body = {"messages": [dict(m) for m in item.messages or ()], "add_generation_prompt": True}
+            else:
+                body = {"prompt": item.prompt}
+            self._rendered[key] = asyncio.ensure_future(self._tokenize(body))
         return await self._rendered[key]
 
     async def force(self, item: Item, sample: Sample) -> Forced:
-        """One baseline completion scored on this server; a request that fails for good is recorded
-        as a failed item (left out of token metrics, counted with its reason), never a crash."""
-        prompt = await self.prompt_text(item)
-        if prompt is None:
+        """One baseline completion scored on this server: exact token ids where both the generation
+        and this server allow it, else text alignment (completions items only). A request that fails
+        for good is recorded as a failed item (left out of token metrics, counted with its reason)."""
+        generated = sample.logprobs.token_ids if sample.logprobs is not None else None
+        if generated is not None:
+            ids = await self.prompt_ids(item)
+            if ids is not None:
+                return await self._force_ids(sample, ids, list(generated))
+        if item.api == "chat":
+            why = ("chat prompt cannot be rendered to token ids (server has no /tokenize taking messages)"
+                   if generated is not None else
+                   "chat completion came back without token ids (the baseline server did not return tokens as "
+                   "ids), so it cannot be forced exactly")
+            return Forced(sample.suite, sample.id, sample.repeat, False, why, None)
+        if not isinstance(item.prompt, str):
             return Forced(sample.suite, sample.id, sample.repeat, False,
-                          "chat prompt cannot be rendered (server has no /tokenize taking messages)", None)
+                          "token-id prompt, but the completion came back without token ids", None)
+        prompt = item.prompt
         full = prompt + (sample.text or "")
+        data = await self._echo(full)
+        if isinstance(data, Forced):
+            return Forced(sample.suite, sample.id, sample.repeat, False, data.reason, None)
+        echo = parse_echo(data, self.base_url)
+        part, why = completion_slice(echo, len(prompt), sample.logprobs, end=len(full))
+        return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part, "text")
+
+    async def _echo(self, prompt: str | list[int]) -> dict[str, Any] | Forced:
         try:
-            data = await self._retrying(lambda: self.transport.post_json(
-                "/completions", echo_payload(full, self.model, self.top_logprobs)))
+            return await self._retrying(lambda: self.transport.post_json(
+                "/completions", echo_payload(prompt, self.model, self.top_logprobs)))
         except ServerContractError:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded as a failure with its reason
-            return Forced(sample.suite, sample.id, sample.repeat, False,
-                          f"{FAILED}: {classify(exc).message}", None)
-        echo = parse_echo(data, self.base_url)
-        part, why = completion_slice(echo, len(prompt), sample.logprobs, end=len(full))
-        return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part)
+            return Forced("", "", 0, False, f"{FAILED}: {classify(exc).message}", None)
+
+    async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
+        """Logprobs of every position of a token-id prompt (position 0 may be None), tokens as ids;
+        or why not (a failed request). vLLM's way: `/v1/completions` with the ids as the prompt,
+        `echo`, `logprobs` and `return_tokens_as_token_ids`. Engines with their own scoring
+        endpoint override this (SGLang's native /generate)."""
+        data = await self._echo(ids)
+        if isinstance(data, Forced):
+            return data.reason or FAILED
+        return parse_echo(data, self.base_url)
+
+    async def _force_ids(self, sample: Sample, prompt: list[int], completion: list[int]) -> Forced:
+        """Score prompt ids + the generated ids as one token-id prompt; the completion is the
+        positions after the prompt, checked id for id against what was sent."""
+        def out(aligned: bool, why: str | None, lp: TokenLogprobs | None = None) -> Forced:
+            return Forced(sample.suite, sample.id, sample.repeat, aligned, why, lp, "ids" if aligned else None)
+
+        if sample.prompt_tokens is not None and sample.prompt_tokens != len(prompt):
+            return out(False, f"the prompt renders to {len(prompt)} token ids here but the generation saw "
+                              f"{sample.prompt_tokens} (another chat template or tokenizer)")
+        if not completion:
+            return out(False, "empty completion")
+        sent = prompt + completion
+        echo = await self.score_ids(sent)
+        if isinstance(echo, str):
+            return out(False, echo)
+        if echo.token_ids is None:
+            return out(False, "the server did not return token ids for a token-id prompt")
+        if tuple(echo.token_ids[: len(sent)]) != tuple(sent):
+            return out(False, "the server echoed other token ids than were sent")
+        n, m = len(prompt), len(sent)
+        part = TokenLogprobs(tokens=echo.tokens[n:m], token_logprobs=echo.token_logprobs[n:m],
+                             top_logprobs=echo.top_logprobs[n:m], token_ids=echo.token_ids[n:m])
+        if any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens):
+            return out(False, "missing logprobs inside the completion")
+        return out(True, None, part)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

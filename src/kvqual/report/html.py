@@ -95,7 +95,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         title=S.title(report), verdict=verdict, icon=icon, reason=reason,
         exit_code=S.exit_code(report),
         criteria=S.criterion_rows(report), arms=S.arm_rows(report), suites=S.suite_rows(report),
-        notes=[x for x in (S.teacher_line(report), S.sequential_line(report)) if x],
+        notes=[x for x in (S.teacher_line(report), S.sequential_line(report), S.capacity_line(report)) if x],
         trajectory=S.trajectory_rows(report),
         trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),
         metrics=S.metric_rows(report), speed=S.speed_rows(report),

@@ -135,7 +135,7 @@ def _render(report: Mapping[str, Any], cap: int | None) -> str:
         "straddles a bound.",
         "",
     ]
-    extras = [f"- {inline(x)}" for x in (S.teacher_line(report), S.sequential_line(report)) if x]
+    extras = [f"- {inline(x)}" for x in (S.teacher_line(report), S.sequential_line(report), S.capacity_line(report)) if x]
     lines += extras + ([""] if extras else [])
     sections = [
         _criteria_section(report, cap),

@@ -211,7 +211,7 @@ def _run_value(run: Any, key: str) -> str:
         return ", ".join(str(u) for u in value) if value else MISSING
     if key in ("started_at", "finished_at"):
         return fmt_time(value)
-    if key in ("kv_scale", "reported_kv_dtype", "kv_fault") and value is None:
+    if key in ("kv_scale", "reported_kv_dtype", "kv_fault", "engine", "kv_capacity_tokens") and value is None:
         return "not reported"
     if key == "kv_scale":
         return fmt_scale(value)
@@ -225,6 +225,8 @@ _ARM_FIELDS = (
     ("reported_kv_dtype", "KV cache dtype (server-reported)"),
     ("kv_scale", "KV scale (server-reported)"),
     ("kv_fault", "KV fault mode (kvqual serve)"),
+    ("engine", "Engine (detected)"),
+    ("kv_capacity_tokens", "KV capacity (tokens, server-reported)"),
     ("ok", "Requests ok"),
     ("failed", "Requests failed"),
     ("run_id", "Run id"),
@@ -393,7 +395,24 @@ def teacher_line(report: Mapping[str, Any]) -> str | None:
         return tf.get("note")
     left = tf.get("left_out") or {}
     why = "; left out: " + ", ".join(f"{r} ({k})" for r, k in left.items()) if left else ""
-    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){why}"
+    methods = tf.get("methods") or {}
+    how = ""
+    if methods.get("text"):
+        how = f" — {methods['text']} scored by text alignment (the server gave no token ids), {methods.get('ids', 0)} by exact token ids"
+    elif methods.get("ids"):
+        how = " — exact token ids"
+    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){how}{why}"
+
+
+def capacity_line(report: Mapping[str, Any]) -> str | None:
+    """KV capacity of both arms as their servers report it, and the ratio (what fp8 buys)."""
+    cap = report.get("capacity") or {}
+    b, c, r = cap.get("baseline"), cap.get("candidate"), cap.get("ratio")
+    if b is None and c is None:
+        return None
+    def tok(v: Any) -> str:
+        return "not reported" if v is None else f"{int(v):,} tokens"
+    return f"KV capacity: {tok(b)} → {tok(c)}" + (f" (×{r:.3g})" if r is not None else "")
 
 
 def sequential_line(report: Mapping[str, Any]) -> str | None:

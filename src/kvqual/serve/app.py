@@ -123,6 +123,15 @@ async def _json_body(request: Request) -> Any:
         raise ApiError(f"malformed JSON body: {exc}") from None
 
 
+def _get_bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(f"'{name}' must be of type bool", param=name)
+    return value
+
+
 def create_app(state: ServerState) -> FastAPI:
     """The FastAPI app serving one model."""
     app = FastAPI(title="kvqual serve", version=VERSION)
@@ -181,24 +190,28 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
+        # vLLM's shapes (TokenizeCompletionRequest / TokenizeChatRequest → TokenizeResponse)
         body = await _json_body(request)
         if not isinstance(body, dict):
             raise ApiError("request body must be a JSON object")
         check_model(body, state.model_name)
         if "messages" in body:
-            rendered = state.render_chat(parse_messages(body["messages"]))
-            ids = state.encode_rendered(rendered)
+            messages = parse_messages(body["messages"])
+            opened = _get_bool(body, "add_generation_prompt", True)
+            rendered = state.loaded.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                                  add_generation_prompt=opened)
+            ids = (state.encode_text(rendered) if _get_bool(body, "add_special_tokens", False)
+                   else state.encode_rendered(rendered))
         elif isinstance(body.get("prompt"), str):
-            rendered = body["prompt"]
-            ids = state.encode_text(rendered)
+            ids = (state.encode_text(body["prompt"]) if _get_bool(body, "add_special_tokens", True)
+                   else state.encode_rendered(body["prompt"]))
         else:
             raise ApiError("give 'prompt' (a string) or 'messages'", param="prompt")
         return {
             "count": len(ids),
             "max_model_len": state.config.context_length,
             "tokens": ids,
-            "token_strs": [state.pieces[i] for i in ids],
-            "prompt": rendered,
+            "token_strs": [state.pieces[i] for i in ids] if _get_bool(body, "return_token_strs", False) else None,
         }
 
     @app.post("/v1/completions", response_model=dict[str, Any])

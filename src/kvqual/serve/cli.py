@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV memory budget that sets max_total_num_tokens (fp8 fits twice the tokens)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--export-hf", metavar="DIR", default=None,
+                        help="write the model this server would serve as a complete Hugging Face folder to DIR "
+                        "(a new folder: what vLLM or SGLang serve, the same weights) and exit")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +56,19 @@ def run(args: argparse.Namespace) -> int:
     except ModelNotFound as exc:
         print(f"kvqual serve: {exc}", file=sys.stderr)
         return 2
+    if args.export_hf:
+        from pathlib import Path
+
+        from kvqual.serve.model import export_hf
+
+        try:
+            out = export_hf(args.model, Path(args.export_hf).expanduser())
+        except (FileExistsError, OSError) as exc:
+            print(f"kvqual serve: {exc}", file=sys.stderr)
+            return 2
+        print(f"kvqual serve: wrote {out} (serve it with: python -m vllm.entrypoints.openai.api_server "
+              f"--model {out})", file=sys.stderr)
+        return 0
     import torch
 
     from kvqual.serve.server import build_state, serve_forever

@@ -114,26 +114,53 @@ def converted_folder(source: ModelSource, compute_dtype: str) -> Path | None:
 
     st = (source.folder / source.gguf_file).stat()
     key = json.dumps([source.path, st.st_size, st.st_mtime_ns, compute_dtype, torch.__version__,
-                      transformers.__version__])
+                      transformers.__version__, HF_FOLDER_FORMAT])
     return root / "models" / f"{Path(source.gguf_file).stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
+HF_FOLDER_FORMAT = 2  # 2: `architectures` set, tied embeddings saved as model.embed_tokens (vLLM loads it)
+
+
 def _save_conversion(model: Any, tokenizer: Any, folder: Path) -> None:
-    """Write the dequantized model as a plain HF folder, atomically (a temp folder, then rename)."""
-    from safetensors.torch import save_model
+    """Write the dequantized model as a complete HF folder, atomically (a temp folder, then rename):
+    one that transformers, vLLM and SGLang all load as the same weights.
+
+    Two things a plain `save_model` gets wrong for other engines: `architectures` is empty in a
+    GGUF's config (vLLM cannot pick a model class), and tied embeddings are saved once under
+    `lm_head.weight` (vLLM reads `model.embed_tokens.weight`, finds none, and serves uniform
+    logprobs of −ln(vocab) without an error)."""
+    from safetensors.torch import save_file
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         config = model.config.to_dict()
         config.pop("quantization_config", None)  # the weights are plain floats now
+        config["architectures"] = [type(model).__name__]
         (tmp / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
         model.generation_config.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))  # tied embeddings saved once
+        state = dict(model.state_dict())
+        tied = bool(getattr(model.config.get_text_config(decoder=True), "tie_word_embeddings", False))
+        if tied:
+            state.pop("lm_head.weight", None)  # the loader ties it to model.embed_tokens.weight
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
+        if getattr(tokenizer, "chat_template", None) and not (tmp / "chat_template.jinja").is_file():
+            (tmp / "chat_template.jinja").write_text(tokenizer.chat_template, encoding="utf-8")
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export_hf(model: str | None, dest: Path, compute_dtype: str = "float32") -> Path:
+    """Write the model `kvqual serve --model` would serve as a complete HF folder at `dest` (which
+    must not exist): the same weights for `vllm serve dest` or SGLang's `--model-path dest`."""
+    if dest.exists():
+        raise FileExistsError(f"{dest} already exists; give a new folder")
+    loaded = load_model(resolve_source(model), compute_dtype)
+    _save_conversion(loaded.model, loaded.tokenizer, dest)
+    return dest
 
 
 @functools.lru_cache(maxsize=4)
