@@ -318,3 +318,41 @@ def test_flush_cache_empties_the_prefix_cache(plain):
 
 def test_flush_cache_is_false_when_nothing_answers():
     assert asyncio.run(flush_cache(f"http://127.0.0.1:{_free_port()}/v1", "", timeout=2)) is False
+
+
+# ---------------------------------------------------------------- (e) a whole compare on SGLang
+
+def test_compare_on_sglang_forces_chat_and_completions_items_by_exact_ids(tmp_path):
+    """`kvqual compare` of two SGLang servers end to end: generation records SGLang's
+    `return_token_ids`, teacher forcing renders prompts with its /tokenize and scores through
+    native /generate, the dtype and capacity come from /get_server_info."""
+    import json
+    import os
+
+    base = start_fake_sglang("--enable-metrics", "--max-total-num-tokens", "1000")
+    cand = start_fake_sglang("--kv-cache-dtype", "fp8_e4m3", "--enable-metrics", "--max-total-num-tokens", "2000",
+                             "--logprob-noise", "0.05")
+    try:
+        lines = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Say the word number {i}."}]}
+                 for i in range(12)]
+        lines += [{"id": f"t{i}", "prompt": f"Count with me: {i} and then"} for i in range(12)]
+        (tmp_path / "s.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (tmp_path / "kvqual.toml").write_text(
+            f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "auto"\n'
+            f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8_e4m3"\n'
+            '[run]\nsuites = ["s.jsonl"]\nmax_tokens = 16\n')
+        r = subprocess.run([sys.executable, "-m", "kvqual", "compare", "base", "cand"], cwd=tmp_path,
+                           env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=300)
+        assert r.returncode in (0, 1, 3), r.stdout + r.stderr
+        report = json.loads(next((tmp_path / "results").glob("compare-*/report.json")).read_text())
+    finally:
+        base.stop()
+        cand.stop()
+    tf = report["teacher_forcing"]
+    assert tf["pairs"] == 24 and tf["usable"] == 24 and tf["methods"] == {"ids": 24, "text": 0}, tf
+    runs = report["runs"]
+    assert runs["baseline"]["engine"] == runs["candidate"]["engine"] == "sglang"
+    assert runs["candidate"]["reported_kv_dtype"] == "fp8_e4m3"
+    assert report["capacity"] == {"baseline": 1000, "candidate": 2000, "ratio": 2.0}
+    kl = next(c for c in report["verdict"]["criteria"] if c["name"] == "kl_excess")
+    assert kl["estimate"] is not None and kl["estimate"] > 0  # the candidate's noise is measured

@@ -7,6 +7,7 @@ visible, parsing is cheap, and every shape is tested by asserting on exact dicts
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import random
 import time
@@ -37,7 +38,8 @@ def completion_payload(item: Item, params: GenerationParams, model: str, repeat:
     if params.top_logprobs > 0:
         body["logprobs"] = params.top_logprobs
         if params.token_ids:
-            body["return_tokens_as_token_ids"] = True
+            body["return_tokens_as_token_ids"] = True  # vLLM, kvqual serve: logprob tokens as "token_id:N"
+            body["return_token_ids"] = True  # SGLang (and vLLM ≥ 0.10): choices[0].token_ids beside text tokens
     return body
 
 
@@ -55,7 +57,8 @@ def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int =
         body["logprobs"] = True
         body["top_logprobs"] = params.top_logprobs
         if params.token_ids:
-            body["return_tokens_as_token_ids"] = True
+            body["return_tokens_as_token_ids"] = True  # vLLM, kvqual serve: logprob tokens as "token_id:N"
+            body["return_token_ids"] = True  # SGLang (and vLLM ≥ 0.10): choices[0].token_ids beside text tokens
     return body
 
 
@@ -129,6 +132,16 @@ def _completion_logprobs(raw: Mapping[str, Any] | None) -> TokenLogprobs | None:
     )
 
 
+def _with_choice_token_ids(lp: TokenLogprobs | None, choice: Mapping[str, Any]) -> TokenLogprobs | None:
+    """`return_token_ids` (SGLang's OpenAI adapter, vLLM): the generated ids in `choices[0].token_ids`
+    beside text logprob tokens; used when the tokens themselves are not ids and the counts agree."""
+    ids = choice.get("token_ids")
+    if (lp is None or lp.token_ids is not None or not isinstance(ids, list) or len(ids) != len(lp.tokens)
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        return lp
+    return dataclasses.replace(lp, token_ids=tuple(ids))
+
+
 def _check_logprobs(lp: TokenLogprobs | None, want: int, n_tokens: int | None, server: str) -> None:
     """A server that silently drops logprobs must stop the run, never be scored as data."""
     if want <= 0:
@@ -146,7 +159,7 @@ def _check_logprobs(lp: TokenLogprobs | None, want: int, n_tokens: int | None, s
 def parse_completion(data: Mapping[str, Any], want_logprobs: int, server: str = "server") -> Answer:
     choice = _first_choice(data, server)
     prompt_tokens, completion_tokens = _usage(data)
-    lp = _completion_logprobs(choice.get("logprobs"))
+    lp = _with_choice_token_ids(_completion_logprobs(choice.get("logprobs")), choice)
     _check_logprobs(lp, want_logprobs, completion_tokens, server)
     text = choice.get("text")
     if not isinstance(text, str):
@@ -172,6 +185,7 @@ def parse_chat(data: Mapping[str, Any], want_logprobs: int, server: str = "serve
             top_logprobs=tuple({t["token"]: t["logprob"] for t in c.get("top_logprobs") or ()} for c in content),
             token_ids=tuple(ids) if tokens and all(i is not None for i in ids) else None,  # type: ignore[arg-type]
         )
+    lp = _with_choice_token_ids(lp, choice)
     _check_logprobs(lp, want_logprobs, completion_tokens, server)
     return Answer(text, choice.get("finish_reason"), prompt_tokens, completion_tokens, lp)
 
@@ -304,6 +318,10 @@ def classify(exc: BaseException) -> FailureInfo:
         transient = status in (408, 409, 429) or status >= 500
         return FailureInfo(transient, f"HTTP {status}: {body}",
                            _retry_after(exc.response.headers if exc.response is not None else None))
+    if isinstance(exc, httpx.HTTPStatusError):  # raise_for_status() on a plain httpx request
+        status = exc.response.status_code
+        return FailureInfo(status in (408, 409, 429) or status >= 500, f"HTTP {status}: {exc.response.text[:300]}",
+                           _retry_after(exc.response.headers))
     if isinstance(exc, (httpx.TimeoutException,)):
         return FailureInfo(True, "timeout")
     if isinstance(exc, (httpx.TransportError, ConnectionError)):

@@ -74,6 +74,8 @@ async def describe(base_url: str, api_key: str, timeout: float = 30.0) -> dict[s
             raise InfrastructureError(f"{base_url}/models: not an OpenAI model list") from None
         info: dict[str, Any] = {"models": models}
         server_info = await _get(client, f"{root}/get_server_info")
+        if server_info is None:  # SGLang 2026 renamed it /server_info (the old name deprecated)
+            server_info = await _get(client, f"{root}/server_info")
         if server_info is not None:
             try:
                 info["server_info"] = server_info.json()
@@ -115,9 +117,10 @@ def reported_kv_capacity(info: dict[str, Any]) -> int | None:
     `max_total_num_tokens` in /get_server_info, or vLLM's from /metrics."""
     si = info.get("server_info") or {}
     value = si.get("max_total_num_tokens") if isinstance(si, dict) else None
-    if value is None and isinstance(si, dict):
-        value = (si.get("internal_states") or [{}])[0].get("max_total_num_tokens") \
-            if isinstance(si.get("internal_states"), list) and si["internal_states"] else None
+    if value is None and isinstance(si, dict):  # SGLang's per-rank states: memory_usage.token_capacity
+        states = si.get("internal_states")
+        first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+        value = first.get("max_total_num_tokens") or (first.get("memory_usage") or {}).get("token_capacity")
     if value is None:
         value = info.get("vllm_kv_capacity_tokens")
     try:
@@ -141,9 +144,10 @@ def engine_of(info: dict[str, Any], metrics: dict[str, list[tuple[dict[str, str]
 
 
 def speaks_token_ids(info: dict[str, Any]) -> bool:
-    """Engines known to take token-id prompts with echo and to return tokens as ids on request
-    (`return_tokens_as_token_ids`): vLLM, and kvqual serve, which follows vLLM's shapes."""
-    return info.get("engine") in ("vllm", "kvqual")
+    """Engines known to return generated tokens as ids on request and to score token-id prompts:
+    vLLM (`return_tokens_as_token_ids`, echo of a token-id prompt), kvqual serve (vLLM's shapes),
+    SGLang (`return_token_ids`, native /generate with `input_ids`: compare/sglang.py)."""
+    return info.get("engine") in ("vllm", "kvqual", "sglang")
 
 
 def reported_kv_dtype(info: dict[str, Any]) -> str | None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from kvqual import __version__
 from kvqual.compare import metrics as mx
+from kvqual.compare.sglang import SglangForcer
 from kvqual.compare.teacher import TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import EchoDisagreement, KvqualError, MismatchError
@@ -57,8 +58,9 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     if refusal(base_dir, manifest.run_id) is not None:
         return None  # this server's echo was refused at an earlier round
     base_samples = [s for s in load_samples(base_dir).values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
-    forcer = TeacherForcer(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
-                           run.timeout, run.concurrency, run.retries)
+    forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
+    forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
+                        run.timeout, run.concurrency, run.retries)
     try:
         trust = None
         if check:

@@ -67,7 +67,7 @@ def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogpr
     """The echoed positions of the completion (text offsets in [prompt_len, end)), or (None, why
     they do not line up). `end`: the length of the text sent; positions from it on are tokens the
     server generated after the echo (max_tokens=1) when it did not report usage."""
-    if echo.text_offset is None:
+    if echo.text_offset is None or any(off < 0 for off in echo.text_offset):  # SGLang's OpenAI echo: -1
         return None, "server returned no text_offset"
     if end is not None:
         stop = next((i for i, off in enumerate(echo.text_offset) if off >= end), len(echo.tokens))
