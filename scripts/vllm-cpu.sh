@@ -4,7 +4,7 @@
 #   KVQUAL_VLLM_MODEL   the model folder (default: the export setup-vllm.sh writes)
 #   VLLM_CPU_KVCACHE_SPACE  GiB of KV cache (default 1: 46,592 bf16 tokens, 93,184 fp8)
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)"
 CACHE="${KVQUAL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvqual}"
 MODEL="${KVQUAL_VLLM_MODEL:-$CACHE/hf/SmolLM2-135M-Instruct}"
 PY="${KVQUAL_VLLM_PYTHON:-$ROOT/.venv-vllm/bin/python}"
