@@ -6,6 +6,8 @@ vLLM's `vllm:cache_config_info` in Prometheus `/metrics`. Reads only; never chan
 from __future__ import annotations
 
 import re
+import sys
+import time
 from typing import Any
 
 import httpx
@@ -57,15 +59,35 @@ async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
     return response if response.status_code == 200 else None
 
 
-async def describe(base_url: str, api_key: str, timeout: float = 30.0) -> dict[str, Any]:
-    """Everything the server reports about itself. Unreachable → InfrastructureError."""
+async def _models(client: httpx.AsyncClient, url: str, timeout: float, patience: float) -> httpx.Response:
+    """GET /v1/models, waiting out a busy server: a server that serves one request at a time answers
+    only between completions, so a read timeout is retried with a doubled timeout until `patience`
+    seconds have passed. A refused connection is final at once: nothing listens there."""
+    started, wait = time.monotonic(), timeout
+    while True:
+        try:
+            return await client.get(url, timeout=wait)
+        except httpx.ConnectError as exc:
+            raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
+        except httpx.TimeoutException as exc:
+            spent = time.monotonic() - started
+            if spent + 1 >= patience:
+                raise InfrastructureError(f"{url}: no answer in {spent:.0f} s ({type(exc).__name__}; the server "
+                                          "accepts connections but is busy or hung)") from None
+            wait = min(wait * 2, patience - spent)
+            print(f"kvqual: {url} did not answer in {spent:.0f} s (busy?); waiting up to {wait:.0f} s more",
+                  file=sys.stderr, flush=True)
+        except httpx.HTTPError as exc:
+            raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
+
+
+async def describe(base_url: str, api_key: str, timeout: float = 30.0, patience: float | None = None) -> dict[str, Any]:
+    """Everything the server reports about itself. Unreachable → InfrastructureError; a server that
+    does not answer in `timeout` is asked again, with longer waits, for up to `patience` seconds."""
     root = server_root(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
-        try:
-            response = await client.get(f"{base_url.rstrip('/')}/models")
-        except httpx.HTTPError as exc:
-            raise InfrastructureError(f"{base_url}: unreachable ({type(exc).__name__}: {exc})") from None
+        response = await _models(client, f"{base_url.rstrip('/')}/models", timeout, patience or timeout)
         if response.status_code != 200:
             raise InfrastructureError(f"{base_url}/models: HTTP {response.status_code}: {response.text[:200]}")
         try:

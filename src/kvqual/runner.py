@@ -332,7 +332,8 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
     (of the first `items_upto` items in the seeded order, when given: one round)."""
     from kvqual import probe
 
-    info = await probe.describe(target.base_url, target.api_key(), timeout=min(run.timeout, 30.0))
+    info = await probe.describe(target.base_url, target.api_key(), timeout=min(run.timeout, 30.0),
+                                patience=run.timeout)
     model = target.model
     if model is None:
         if not info["models"]:

@@ -1,0 +1,67 @@
+"""probe.describe against servers that are slow to answer: a server that serves one request at a
+time answers /v1/models only between completions; it is busy, not unreachable."""
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp import web
+
+from kvqual.errors import InfrastructureError
+from kvqual.probe import describe
+
+
+async def _busy_server(first_delay: float, every: bool = False):
+    """/v1/models answers after `first_delay` s the first time (a completion in the way), then at
+    once; `every`: every time (a hung server)."""
+    calls = {"n": 0}
+
+    async def models(_: web.Request) -> web.Response:
+        calls["n"] += 1
+        if calls["n"] == 1 or every:
+            await asyncio.sleep(first_delay)
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/v1", calls
+
+
+def test_a_busy_server_is_waited_for_not_called_unreachable(capsys):
+    async def go():
+        runner, url, calls = await _busy_server(1.5)
+        try:
+            info = await describe(url, "", timeout=0.3, patience=20)
+            return info, calls["n"]
+        finally:
+            await runner.cleanup()
+
+    info, n = asyncio.run(go())
+    assert info["models"] == ["m"] and n >= 2
+    assert "busy?" in capsys.readouterr().err
+
+
+def test_a_server_that_never_answers_is_an_infrastructure_fault_that_says_busy_or_hung():
+    async def go():
+        runner, url, _ = await _busy_server(4, every=True)
+        try:
+            await describe(url, "", timeout=0.3, patience=1.5)
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(InfrastructureError, match="busy or hung"):
+        asyncio.run(go())
+
+
+def test_nothing_listening_is_unreachable_at_once():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(InfrastructureError, match="unreachable"):
+        asyncio.run(describe(f"http://127.0.0.1:{port}/v1", "", timeout=0.3, patience=60))
