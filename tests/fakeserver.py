@@ -12,7 +12,8 @@ Answers are deterministic functions of the prompt, so tests can predict them:
 - echo scoring (`echo: true, max_tokens: 0` or `1`, which appends one generated token) returns per-token logprobs (`--echo-shift`: one
   position late, a shipped echo bug); `--logprob-noise S`
   perturbs them by a seeded amount (a candidate whose token distributions drift);
-- GET /stats returns how many requests each prompt received; `--delay S` sleeps per request.
+- GET /stats returns how many requests each prompt received; `--delay S` sleeps per request;
+  `--serial` answers one request at a time (the others wait, counted in `vllm:num_requests_waiting`).
 - `stream: true` answers in Server-Sent Events, one chunk per token (`--token-delay S` apart),
   with a usage chunk when `stream_options.include_usage`; `--stream-error` breaks the stream
   with an error event after the first token.
@@ -47,7 +48,7 @@ class Fake:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.counts: Counter[str] = Counter()
-        self.prompt_tokens = self.generation_tokens = self.running = 0
+        self.prompt_tokens = self.generation_tokens = self.running = self.waiting = 0
         self.ttft_sum, self.ttft_count = 0.0, 0
 
     def account(self, prompt_tokens: int, completion_tokens: int) -> None:
@@ -103,6 +104,7 @@ class Fake:
         lines = [f"vllm:prompt_tokens_total{labels} {self.prompt_tokens}",
                  f"vllm:generation_tokens_total{labels} {self.generation_tokens}",
                  f"vllm:num_requests_running{labels} {self.running}",
+                 f"vllm:num_requests_waiting{labels} {self.waiting}",
                  f"vllm:kv_cache_usage_perc{labels} {min(1.0, 0.01 * self.running)}",
                  f"vllm:time_to_first_token_seconds_sum{labels} {self.ttft_sum}",
                  f"vllm:time_to_first_token_seconds_count{labels} {self.ttft_count}"]
@@ -248,10 +250,21 @@ def _error(status: int, message: str, headers: dict | None = None) -> web.Respon
 def make_app(args: argparse.Namespace) -> web.Application:
     fake = Fake(args)
 
+    one_at_a_time = asyncio.Lock()
+
     @web.middleware
     async def running(request: web.Request, handler):
         if request.method != "POST":
             return await handler(request)
+        if args.serial:  # llama.cpp with one slot: the rest wait (vllm:num_requests_waiting)
+            fake.waiting += 1
+            async with one_at_a_time:
+                fake.waiting -= 1
+                fake.running += 1
+                try:
+                    return await handler(request)
+                finally:
+                    fake.running -= 1
         fake.running += 1
         try:
             return await handler(request)
@@ -277,6 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--echo-shift", action="store_true")
     p.add_argument("--echo-flaky", action="store_true")
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--serial", action="store_true")
     p.add_argument("--kv-cache-dtype", default=None)
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--stream-error", action="store_true")

@@ -189,6 +189,19 @@ def test_a_candidate_whose_echo_cannot_be_trusted_is_judged_without_token_criter
     assert r.returncode == 3 and "kl_excess" in r.stdout.splitlines()[0], r.stdout  # never a PASS without them
 
 
+def test_a_server_that_serves_one_request_at_a_time_makes_speed_not_comparable(tmp_path, fake_server):
+    """32 requests in flight against a one-slot server: its /metrics show the queue, and the report
+    says the speed figures measure it instead of quoting a ratio as if they were comparable."""
+    setup(tmp_path, fake_server, ["--serial", "--delay", "0.05", "--metrics"], n=60)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n")
+    assert r.returncode in (0, 1, 3), r.stdout + r.stderr
+    speed = report_of(tmp_path)["speed"]
+    assert speed["comparable"] is False and speed["baseline"]["queued"] is None
+    assert "ran at most 1 at once" in speed["candidate"]["queued"]
+    assert speed["candidate"]["server"]["waiting_mean"] >= 1
+    assert "not comparable" in r.stdout
+
+
 def test_busy_seconds_is_the_union_of_request_intervals():
     from kvqual.compare.metrics import busy_seconds
 

@@ -59,3 +59,25 @@ def test_a_counter_that_went_down_means_a_restart_and_is_not_reported():
 def test_unknown_server_has_no_source():
     assert source_of(parse_prometheus("process_cpu_seconds_total 3\n")) is None
     assert snapshot(parse_prometheus("process_cpu_seconds_total 3\n")) == {}
+
+
+def test_llama_cpp_names_and_the_queue_are_read():
+    from kvqual.probe import parse_prometheus
+    from kvqual.telemetry import snapshot, source_of
+
+    text = ("llamacpp:prompt_tokens_total 120\nllamacpp:tokens_predicted_total 39080\n"
+            "llamacpp:requests_processing 1\nllamacpp:requests_deferred 31\n")
+    parsed = parse_prometheus(text)
+    assert source_of(parsed) == "llamacpp"
+    assert snapshot(parsed) == {"prompt_tokens": 120, "generation_tokens": 39080, "running": 1, "waiting": 31}
+
+
+def test_a_server_that_queues_makes_speed_a_queue_figure():
+    from kvqual.compare.metrics import queueing
+
+    serial = {"waiting_mean": 30.2, "running_peak": 1.0}
+    note = queueing(serial, 32)
+    assert note is not None and "ran at most 1 at once" in note and "30.2" in note
+    assert queueing({"waiting_mean": 0.3, "running_peak": 32.0}, 32) is None  # a brief queue is not the figure
+    assert queueing({"running_peak": 4.0}, 32) is None  # no waiting gauge: not seen (docs/speed.md)
+    assert queueing(None, 32) is None

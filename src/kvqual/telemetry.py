@@ -1,8 +1,8 @@
 """Server-side figures from Prometheus `/metrics` while a run is sent: what the server itself
 counted (tokens generated, KV cache usage, its own TTFT and inter-token histograms).
 
-SGLang (`sglang:`, with `--enable-metrics`), vLLM (`vllm:`) and the reference server
-(`kvqual_serve:`) name the same things differently; `FAMILIES` maps them to one vocabulary.
+SGLang (`sglang:`, with `--enable-metrics`), vLLM (`vllm:`), llama.cpp's server (`llamacpp:`,
+with `--metrics`) and the reference server (`kvqual_serve:`) name the same things differently; `FAMILIES` maps them to one vocabulary.
 Counters are read as deltas between the first and the last scrape of the run; gauges are
 sampled every `interval_s` and summarised (peak, mean). Figures include any other traffic the
 server had meanwhile: a shared server makes them an upper bound, which the docs say.
@@ -23,18 +23,23 @@ Parsed = Mapping[str, list[tuple[dict[str, str], float]]]
 
 # our name → the metric names servers export, most specific first. Histograms name the base.
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "kvqual_serve:prompt_tokens_total"),
+    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "kvqual_serve:prompt_tokens_total",
+                      "llamacpp:prompt_tokens_total"),
     "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total",
-                          "kvqual_serve:generation_tokens_total"),
+                          "kvqual_serve:generation_tokens_total", "llamacpp:tokens_predicted_total"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
                  "kvqual_serve:token_usage"),
-    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "kvqual_serve:num_running_reqs"),
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "kvqual_serve:num_running_reqs",
+                "llamacpp:requests_processing"),
+    # requests the server accepted but does not run yet: queued behind its own parallelism
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "kvqual_serve:num_queued_reqs",
+                "llamacpp:requests_deferred"),
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
             "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
 }
 COUNTERS = ("prompt_tokens", "generation_tokens")
-GAUGES = ("kv_usage", "running")
+GAUGES = ("kv_usage", "running", "waiting")
 HISTOGRAMS = ("ttft", "itl")
 
 
@@ -63,8 +68,8 @@ def snapshot(parsed: Parsed) -> dict[str, float]:
 
 
 def source_of(parsed: Parsed) -> str | None:
-    """Which server family exported the figures: 'vllm', 'sglang', 'kvqual_serve' or None."""
-    for prefix in ("vllm", "sglang", "kvqual_serve"):
+    """Which server family exported the figures: 'vllm', 'sglang', 'kvqual_serve', 'llamacpp' or None."""
+    for prefix in ("vllm", "sglang", "kvqual_serve", "llamacpp"):
         if any(name.startswith(f"{prefix}:") for name in parsed):
             return prefix
     return None
@@ -137,7 +142,7 @@ class Scraper:
             answered = True
             self._first.setdefault(url, snap)
             self._last[url] = snap
-            for key in GAUGES:  # usage: the fullest replica; running requests: all replicas
+            for key in GAUGES:  # usage: the fullest replica; running and waiting requests: all replicas
                 if key in snap:
                     combine = max if key == "kv_usage" else (lambda a, b: a + b)
                     totals[key] = combine(totals.get(key, 0.0), snap[key])

@@ -347,7 +347,25 @@ def speed(samples: Mapping[Key, Sample], concurrency: int,
     return {"output_tok_s": _r(sum(s.completion_tokens or 0 for s in ok) / wall, 2), "req_s": _r(len(ok) / wall, 3),
             "latency_p50": _pct(lat, 50), "latency_p95": _pct(lat, 95), "concurrency": concurrency,
             "ttft_p50": _pct(ttft, 50), "ttft_p95": _pct(ttft, 95), "itl_p50": _pct(itl, 50), "itl_p95": _pct(itl, 95),
-            "server": dict(server) if server else None}
+            "server": dict(server) if server else None, "queued": queueing(server, concurrency)}
+
+
+QUEUE_MEAN_MIN = 1.0  # requests waiting at the server, on average over the run, that make speed a queue figure
+
+
+def queueing(server: Mapping[str, Any] | None, concurrency: int) -> str | None:
+    """Why this arm's speed figures measure the server's queue rather than its speed, or None: its
+    own /metrics say requests waited on average (vLLM num_requests_waiting, SGLang num_queue_reqs,
+    llama.cpp requests_deferred, kvqual serve num_queued_reqs) while kvqual kept `concurrency` in
+    flight. Without those metrics the queue is not seen (docs/speed.md)."""
+    if not server or server.get("waiting_mean") is None:
+        return None
+    waiting, running = server["waiting_mean"], server.get("running_peak")
+    if waiting < QUEUE_MEAN_MIN:
+        return None
+    ran = f"ran at most {running:g} at once and " if running is not None else ""
+    return (f"the server {ran}queued {waiting:.3g} requests on average of the {concurrency} kvqual kept in flight: "
+            "latency and tok/s measure the queue")
 
 
 def throughput_pairs(base: Mapping[Key, Sample], cand: Mapping[Key, Sample]) -> tuple[np.ndarray, np.ndarray]:
