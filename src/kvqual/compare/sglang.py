@@ -28,10 +28,9 @@ takes `prompt` only: chat items are then left out with the base's reason.
 
 Generated token ids: SGLang's OpenAI endpoints give them only through `return_token_ids: true`
 (protocol.py `CompletionRequest` / `ChatCompletionRequest`; the choice then carries `token_ids`, the
-native `output_ids`, and `prompt_token_ids`). kvqual's client asks for vLLM's
-`return_tokens_as_token_ids` instead, which SGLang ignores, so SGLang generations come back without ids
-and are forced by text (completions items, which SGLang's -1 offsets defeat) or not at all (chat items)
-until the client also sends `return_token_ids` and reads `choices[0].token_ids`.
+native `output_ids`, and `prompt_token_ids`). kvqual's client sends it beside vLLM's
+`return_tokens_as_token_ids` when the probe detects SGLang, and reads `choices[0].token_ids`
+(`client._with_choice_token_ids`), so chat and completions items alike are forced by exact ids.
 """
 
 from __future__ import annotations
