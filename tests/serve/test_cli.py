@@ -19,3 +19,18 @@ def test_unknown_kv_fault_is_a_usage_error(capsys):
         main(["--kv-cache-dtype", "fp8_e4m3", "--kv-fault", "flip-bits"])
     assert exc.value.code == 2
     assert "ignore-scale-on-read" in capsys.readouterr().err  # argparse lists the choices
+
+
+def test_unknown_kv_cache_dtype_is_one_line_exit_2(capsys):
+    from kvqual.cli import main as kvqual_main
+
+    for entry in (lambda: kvqual_main(["serve", "--kv-cache-dtype", "fp3"]),  # kvqual serve ...
+                  lambda: main(["--kv-cache-dtype", "fp3"])):  # python -m kvqual.serve ...
+        with pytest.raises(SystemExit) as exc:
+            entry()
+        assert exc.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1  # one line, no usage block
+        assert captured.err.startswith("kvqual serve: error: argument --kv-cache-dtype: invalid choice: 'fp3'")
+        assert captured.err.endswith(" (see kvqual serve --help)\n")
+        assert all(d in captured.err for d in ("auto", "bf16", "fp8_e4m3", "fp8_e5m2"))  # the choices, named

