@@ -147,3 +147,22 @@ def test_shipped_training_prompts_are_valid() -> None:
     items = load_jsonl_suite(Path(__file__).parents[2] / "suites" / "training_prompts.jsonl")
     cats = Counter(it.category for it in items)
     assert len(items) >= 60 and len(cats) >= 8 and all(it.answer is None for it in items)
+
+
+def test_by_a_field_no_record_has_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    from kvqual.cli import main
+
+    src = tmp_path / "dump.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "category": "chat", "prompt": f"p {i}"}) + "\n"
+                           for i in range(10)))
+    out = tmp_path / "out.jsonl"
+    assert main(["sample", str(src), "--n", "4", "--by", "catgory", "-o", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert captured.err == (f"kvqual: error: --by catgory: no record in {src} has a field 'catgory' "
+                            "(fields: category, id, prompt)\n")
+    assert not out.exists()  # nothing written under "(none)"
+    # a field that only some records carry still stratifies: the rest form the "(none)" stratum
+    src.write_text(src.read_text() + json.dumps({"id": "t", "prompt": "q", "topic": "x"}) + "\n")
+    items = sample_prompts(src, n=11, by="topic", seed=0)
+    assert Counter(it.category for it in items) == {"(none)": 10, "x": 1}

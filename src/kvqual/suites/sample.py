@@ -146,6 +146,8 @@ def sample_prompts(path: str | os.PathLike[str], *, n: int, by: str | None, seed
         raise UsageError(f"--n must be >= 1, got {n}")
     suite = _suite_name(p)
     counts: Counter[str] = Counter()
+    fields: set[str] = set()  # of the first records, to name what --by could have been
+    with_field = 0
     for number, record in _records(p):  # pass 1: validate and count
         try:
             normalize_record(record, suite=suite, number=number, by=by)
@@ -155,6 +157,12 @@ def sample_prompts(path: str | os.PathLike[str], *, n: int, by: str | None, seed
             on_bad(number, str(exc))
             continue
         counts[_stratum(record, by)] += 1
+        with_field += by is not None and by in record
+        if by is not None and not with_field and len(fields) < 200:
+            fields.update(str(k) for k in record)
+    if by is not None and counts and not with_field:
+        raise UsageError(f"--by {by}: no record in {p} has a field {by!r} "
+                         f"(fields: {', '.join(sorted(fields)[:20])})")
     quota = allocate(counts, n)
     rng = random.Random(f"kvqual-sample:{seed}")
     chosen = {k: set(rng.sample(range(counts[k]), quota[k])) for k in sorted(counts)}
