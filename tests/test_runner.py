@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -214,3 +215,116 @@ def test_server_side_figures_come_from_prometheus(tmp_path, fake_server):
     assert sm["ttft_mean_s"] == pytest.approx(0.51) and sm["kv_usage_peak"] == pytest.approx(0.01 * sm["running_peak"])
     on_disk = json.loads((tmp_path / "results" / m.run_id / "manifest.json").read_text())
     assert on_disk["server_metrics"] == sm
+
+
+def _run_cmd(tmp_path, server, n_items, *flags):
+    items = [{"id": f"i{i}", "prompt": f"prompt {i}"} for i in range(n_items)]
+    write_suite(tmp_path / "s.jsonl", items)
+    write_config(tmp_path / "kvqual.toml", {"t": server.base_url})
+    return items, [sys.executable, "-m", "kvqual", "run", "t", "--suite", "s.jsonl", *flags]
+
+
+def test_a_second_run_on_the_same_folder_is_refused_and_the_first_loses_nothing(tmp_path):
+    server = LoopbackServer(gated=True)  # holds every answer until released: the first run is mid-flight
+    items, cmd = _run_cmd(tmp_path, server, 20, "--concurrency", "2", "--top-logprobs", "0")
+    env = {**os.environ, "CI": "true"}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while server.posts < 2:  # the first holds the folder and has requests in flight
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.02)
+        second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        server.release()
+    (samples,) = (tmp_path / "results").glob("*/samples.jsonl")
+    assert second.returncode == 2 and second.stdout == ""
+    assert second.stderr == (f"kvqual: error: results/{samples.parent.name}: another kvqual process "
+                             f"(pid {first.pid}) is writing this run folder; wait for it to finish, "
+                             "or pass --out for another results folder\n")
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    ids = [json.loads(line)["id"] for line in samples.read_text().splitlines()]
+    assert sorted(ids) == sorted(i["id"] for i in items)  # every id exactly once
+    assert server.posts == 20  # the refused run sent nothing
+    assert load_manifest(samples.parent).status == "complete"
+
+
+def test_a_manifest_that_says_complete_over_missing_samples_is_resumed(tmp_path, fake_server, capsys):
+    server = fake_server()
+    s = suite(tmp_path, [{"id": f"i{i}", "prompt": f"p {i}"} for i in range(6)])
+    first = run(tmp_path, server, s, top_logprobs=0)
+    run_dir = tmp_path / "results" / first.run_id
+    lines = (run_dir / "samples.jsonl").read_text().splitlines(keepends=True)
+    lost = {json.loads(line)["id"] for line in lines[:2]}
+    (run_dir / "samples.jsonl").write_text("".join(lines[2:]))  # what a second writer used to do
+    assert load_manifest(run_dir).status == "complete"
+    capsys.readouterr()
+    again = run(tmp_path, server, s, top_logprobs=0)
+    assert capsys.readouterr().err == (f"kvqual: {run_dir}: the manifest says complete but samples.jsonl lacks "
+                                       "2 of 6 units; resuming the run to ask for them\n")
+    assert again.status == "complete" and again.counts["ok"] == 6 and again.counts["resumes"] == 1
+    assert sorted(k[1] for k in load_samples(run_dir)) == [f"i{i}" for i in range(6)]
+    stats = server.stats()
+    assert {p for p, n in stats.items() if n == 2} == {f"p {i[1:]}" for i in lost} and sum(stats.values()) == 8
+    run(tmp_path, server, s, top_logprobs=0)  # now whole: reused, nothing sent
+    assert sum(server.stats().values()) == 8
+
+
+class LoopbackServer:
+    """A raw HTTP/1.1 completions server on loopback whose connections the test controls.
+    `close="reused"`: a completion request on a connection that already served one is met by a
+    close, unanswered (what a server's keep-alive timeout looks like to a client that reuses the
+    connection); `close="always"`: every one is; `gated`: answers wait for `release()`."""
+
+    def __init__(self, close=None, gated=False):
+        self.close, self.posts, self.closed = close, 0, 0
+        self._ready, self._open = threading.Event(), threading.Event()
+        if not gated:
+            self._open.set()
+        threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True).start()
+        assert self._ready.wait(10)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def release(self):
+        self._open.set()
+
+    async def _main(self):
+        server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await server.serve_forever()
+
+    async def _conn(self, reader, writer):
+        served = 0
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode()
+                method, path, _ = head.split("\r\n", 1)[0].split(" ", 2)
+                length = next((int(h.split(":", 1)[1]) for h in head.split("\r\n")
+                               if h.lower().startswith("content-length:")), 0)
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                if method == "POST" and path == "/v1/completions":
+                    self.posts += 1
+                    if self.close == "always" or (self.close == "reused" and served):
+                        self.closed += 1
+                        writer.close()
+                        return
+                    served += 1
+                    while not self._open.is_set():
+                        await asyncio.sleep(0.02)
+                    status, data = 200, {"choices": [{"index": 0, "text": " ok " + body["prompt"],
+                                                      "finish_reason": "stop", "logprobs": None}],
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
+                elif path == "/v1/models":
+                    status, data = 200, {"object": "list", "data": [{"id": "m", "object": "model"}]}
+                else:
+                    status, data = 404, {"error": "not found"}
+                raw = json.dumps(data).encode()
+                writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+

@@ -14,6 +14,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from kvqual import __version__
@@ -23,7 +24,7 @@ from kvqual.client import (Answer, Transport, backoff_delay, chat_payload, class
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
-from kvqual.store import RunStore, run_key
+from kvqual.store import RunLock, RunStore, answered_keys, run_key
 from kvqual.suites import LoadedSuite
 from kvqual.telemetry import Scraper
 
@@ -346,23 +347,28 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
                               top_logprobs=run.top_logprobs, repeats=run.repeats, stream=run.stream,
                               token_ids=run.top_logprobs > 0 and probe.speaks_token_ids(info))
     plan = RunPlan(target, model, suites, params, limit, replicate, fraction)
-    if not rerun:
-        existing = _finished(run.results_dir, plan)
-        if existing is not None:
-            return existing
-        partial = _resumable(run.results_dir, plan, items_upto)
-        if partial is not None:
-            return partial
-    flushed = await probe.flush_cache(target.base_url, target.api_key())
-    info["prefix_cache_flushed"] = flushed
-    store = RunStore.open(run.results_dir, new_manifest(plan, run.concurrency, info), rerun=rerun)
-    return await execute(plan, store, run, progress=progress, items_upto=items_upto)
+    lock = RunLock.acquire(Path(run.results_dir) / plan.run_id)  # one writer, before the server is touched
+    store: RunStore | None = None
+    try:
+        if not rerun:
+            existing = _finished(run.results_dir, plan)
+            if existing is not None:
+                return existing
+            partial = _resumable(run.results_dir, plan, items_upto)
+            if partial is not None:
+                return partial
+        flushed = await probe.flush_cache(target.base_url, target.api_key())
+        info["prefix_cache_flushed"] = flushed
+        store = RunStore.open(run.results_dir, new_manifest(plan, run.concurrency, info), rerun=rerun, lock=lock)
+        return await execute(plan, store, run, progress=progress, items_upto=items_upto)
+    finally:  # however it ends, the run folder is free for the next writer
+        if store is not None:
+            store.close()
+        lock.release()
 
 
 def _resumable(results_dir: str, plan: RunPlan, items_upto: int | None) -> RunManifest | None:
     """A partial run that already answered every unit of this round: nothing to send."""
-    from pathlib import Path
-
     from kvqual.errors import KvqualError
     from kvqual.store import load_manifest, load_samples
 
@@ -381,9 +387,9 @@ def _resumable(results_dir: str, plan: RunPlan, items_upto: int | None) -> RunMa
 
 
 def _finished(results_dir: str, plan: RunPlan) -> RunManifest | None:
-    """A complete run of the same plan, reused instead of asking the server again."""
-    from pathlib import Path
-
+    """A complete run of the same plan, reused instead of asking the server again — once its
+    samples.jsonl is seen to hold every unit: a manifest that says complete over a samples file
+    that lacks answers (a second writer, a hand edit) is resumed, and stderr says so."""
     from kvqual.errors import KvqualError
     from kvqual.store import load_manifest
 
@@ -394,4 +400,27 @@ def _finished(results_dir: str, plan: RunPlan) -> RunManifest | None:
         manifest = load_manifest(run_dir)
     except KvqualError:
         return None
-    return manifest if manifest.status == "complete" and manifest.key == plan.key else None
+    if manifest.status != "complete" or manifest.key != plan.key:
+        return None
+    missing = unanswered(plan, answered_keys(run_dir), int(manifest.counts.get("ok", 0)))
+    if missing:
+        print(f"kvqual: {run_dir}: the manifest says complete but samples.jsonl {missing}; "
+              "resuming the run to ask for them", file=sys.stderr, flush=True)
+        return None
+    return manifest
+
+
+def unanswered(plan: RunPlan, done: set[tuple[str, str, int]], ok_in_manifest: int) -> str | None:
+    """What a run folder's answers `done` lack against `plan` and the manifest's ok count, in words
+    (None: nothing)."""
+    units = plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction)
+    missing = sum(1 for item, r in units if (item.suite, item.id, r) not in done)
+    lmeval = [s.ref.name for s in plan.suites if s.lmeval_tasks
+              and not any(k[0] in {f"lm-eval:{t}" for t in s.lmeval_tasks} for k in done)]
+    if missing:
+        return f"lacks {missing} of {len(units)} units"
+    if lmeval:
+        return f"lacks the answers of {', '.join(lmeval)}"
+    if len(done) < ok_in_manifest:
+        return f"holds {len(done)} answers, not the {ok_in_manifest} the manifest counts"
+    return None

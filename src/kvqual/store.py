@@ -5,10 +5,16 @@ every answer received. On resume the file is compacted once (atomically): succes
 samples are kept, a torn last line is dropped, and failed samples are moved to
 `retried.jsonl` so their items are asked again — each key then appears exactly once.
 The manifest is replaced atomically (temp file + rename).
+
+One writer per run folder: `RunStore` holds an advisory lock (`fcntl.flock` on `.lock`, which
+also records the holder's pid) for as long as it is open. The kernel frees it when the holder
+exits, however it ends, so a killed run never leaves a stale lock; a second process that opens
+the folder is refused (exit 2) before it touches the samples.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -17,12 +23,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from kvqual.errors import KvqualError
+from kvqual.errors import KvqualError, UsageError
 from kvqual.records import RunManifest, Sample, dumps_line
 
 MANIFEST = "manifest.json"
 SAMPLES = "samples.jsonl"
 RETRIED = "retried.jsonl"
+LOCK = ".lock"
 
 Key = tuple[str, str, int]
 
@@ -74,6 +81,53 @@ def load_samples(run_dir: str | Path) -> dict[Key, Sample]:
     return out
 
 
+def answered_keys(run_dir: str | Path) -> set[Key]:
+    """Keys of the successful samples on disk (keys only: constant memory per sample)."""
+    path = Path(run_dir) / SAMPLES
+    if not path.is_file():
+        return set()
+    return {(obj.get("suite"), obj.get("id"), obj.get("repeat"))  # type: ignore[misc]
+            for _, obj in iter_sample_lines(path) if obj is not None and obj.get("error") is None}
+
+
+class RunLock:
+    """The advisory lock of one run folder (`fcntl.flock` on `<run>/.lock`): one writer at a time.
+
+    Held until `release()` or the holder's exit (the kernel frees it however the process ends);
+    the file keeps the holder's pid so a refused process can say who holds it.
+    """
+
+    def __init__(self, run_dir: Path, fd: int) -> None:
+        self.run_dir, self._fd = run_dir, fd
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path) -> "RunLock":
+        """Lock `run_dir` (created if missing), or raise UsageError (exit 2) naming the holder."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            holder = f" (pid {pid})" if pid.isdigit() else ""
+            raise UsageError(f"{run_dir}: another kvqual process{holder} is writing this run folder; "
+                             "wait for it to finish, or pass --out for another results folder") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(run_dir, fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
 def load_manifest(run_dir: str | Path) -> RunManifest:
     path = Path(run_dir) / MANIFEST
     try:
@@ -87,29 +141,39 @@ def load_manifest(run_dir: str | Path) -> RunManifest:
 class RunStore:
     """Append-only writer for one run folder; reopens an existing run to resume it."""
 
-    def __init__(self, run_dir: Path, manifest: RunManifest) -> None:
+    def __init__(self, run_dir: Path, manifest: RunManifest, lock: RunLock | None = None) -> None:
         self.run_dir = run_dir
         self.manifest = manifest
         self.done: set[Key] = set()  # keys answered successfully (keys only: constant memory per sample)
         self._fh = None
+        self._lock = lock
 
     @classmethod
-    def open(cls, results_dir: str | Path, manifest: RunManifest, *, rerun: bool = False) -> "RunStore":
-        """Create `results_dir/<run_id>`, or resume it. `rerun` keeps the old folder as a backup."""
+    def open(cls, results_dir: str | Path, manifest: RunManifest, *, rerun: bool = False,
+             lock: RunLock | None = None) -> "RunStore":
+        """Create `results_dir/<run_id>`, or resume it, holding its lock until `close()` (`lock`: one
+        the caller already holds on that folder; the store takes it over). `rerun` keeps the old
+        folder as a backup. Another process writing the folder: UsageError (exit 2)."""
         run_dir = Path(results_dir) / manifest.run_id
-        if rerun and run_dir.exists():
-            backup = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-            shutil.move(str(run_dir), str(backup))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        store = cls(run_dir, manifest)
-        samples = run_dir / SAMPLES
-        if samples.exists():
-            previous = _previous_manifest(run_dir)
-            if previous is not None:
-                store.manifest = _resumed(manifest, previous)
-            store._compact(samples)
-        store._fh = samples.open("a", encoding="utf-8")
-        store.write_manifest()
+        lock = lock or RunLock.acquire(run_dir)
+        try:
+            if rerun and any(p.name != LOCK for p in run_dir.iterdir()):
+                backup = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+                shutil.move(str(run_dir), str(backup))  # a rename: the lock moves with it, still held
+                old, lock = lock, RunLock.acquire(run_dir)
+                old.release()
+            store = cls(run_dir, manifest, lock)
+            samples = run_dir / SAMPLES
+            if samples.exists():
+                previous = _previous_manifest(run_dir)
+                if previous is not None:
+                    store.manifest = _resumed(manifest, previous)
+                store._compact(samples)
+            store._fh = samples.open("a", encoding="utf-8")
+            store.write_manifest()
+        except BaseException:
+            lock.release()
+            raise
         return store
 
     def _compact(self, samples: Path) -> None:
@@ -146,9 +210,13 @@ class RunStore:
         write_json_atomic(self.run_dir / MANIFEST, self.manifest.to_json())
 
     def close(self) -> None:
+        """Close the samples file and free the run folder for the next writer."""
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def _previous_manifest(run_dir: Path) -> RunManifest | None:
