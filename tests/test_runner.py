@@ -328,3 +328,62 @@ class LoopbackServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
+
+def test_a_keepalive_connection_closed_by_the_server_is_a_reconnect_not_a_retry(tmp_path):
+    server = LoopbackServer(close="reused")
+    s = suite(tmp_path, [{"id": f"i{i}", "prompt": f"p{i}"} for i in range(12)])
+    m = run(tmp_path, server, s, top_logprobs=0, concurrency=1)
+    samples = load_samples(tmp_path / "results" / m.run_id)
+    assert m.status == "complete" and len(samples) == 12 and all(x.ok for x in samples.values())
+    assert all(x.attempts == 1 for x in samples.values())  # no request failed: no retry
+    # every request after the first found its connection closed once and went again on a new one
+    assert server.closed == 11 and server.posts == 23
+    assert (m.counts["retries"], m.counts["reconnects"]) == (0, 11)
+    on_disk = json.loads((tmp_path / "results" / m.run_id / "manifest.json").read_text())
+    assert (on_disk["counts"]["retries"], on_disk["counts"]["reconnects"]) == (0, 11)
+
+
+def test_a_server_that_always_closes_unanswered_fails_after_bounded_reconnects_and_retries(tmp_path):
+    from kvqual.runner import MAX_RECONNECTS
+
+    server = LoopbackServer(close="always")
+    s = suite(tmp_path, [{"id": "a", "prompt": "pa"}])
+    with pytest.raises(InfrastructureError, match=r"1 of 1 requests failed \(100.0% > max_failed_rate 5.0%\)"):
+        run(tmp_path, server, s, top_logprobs=0, retries=1)
+    (run_dir,) = (tmp_path / "results").glob("t-*")
+    (x,) = load_samples(run_dir).values()
+    assert x.error == ("connection error: the server closed the connection before responding "
+                       f"(after {MAX_RECONNECTS} reconnects)")
+    assert x.attempts == 2 and server.posts == 2 + MAX_RECONNECTS  # 1 + 1 retry, plus the free reconnects
+    counts = load_manifest(run_dir).counts
+    assert (counts["retries"], counts["reconnects"]) == (1, MAX_RECONNECTS)
+
+
+def _chained(*excs):
+    """The last exception, raised from the one before it, and so on (as the SDK and transport chain them)."""
+    for cause, exc in zip(excs, excs[1:]):
+        exc.__cause__ = cause
+    return excs[-1]
+
+
+def test_closed_before_response_knows_a_clean_close_from_other_connection_failures():
+    import errno
+    from types import SimpleNamespace
+
+    import aiohttp
+    import httpx
+    import openai
+
+    from kvqual.runner import closed_before_response
+
+    request = httpx.Request("POST", "http://h/v1/completions")
+    sdk = lambda: openai.APITimeoutError(request=request)  # noqa: E731 - what the SDK raises on aiohttp
+    assert closed_before_response(_chained(aiohttp.ServerDisconnectedError(), httpx.ConnectTimeout("x"), sdk()))
+    assert closed_before_response(_chained(httpx.RemoteProtocolError("Server disconnected without sending a "
+                                                                     "response."), sdk()))
+    assert not closed_before_response(_chained(aiohttp.ServerDisconnectedError("partial response"), sdk()))
+    assert not closed_before_response(_chained(aiohttp.ClientOSError(errno.ECONNRESET, "reset by peer"), sdk()))
+    refused = aiohttp.ClientConnectorError(SimpleNamespace(host="h", port=1, ssl=False),
+                                           OSError(errno.ECONNREFUSED, "refused"))  # the server is down
+    assert not closed_before_response(_chained(refused, sdk()))
+    assert not closed_before_response(sdk()) and not closed_before_response(ValueError("not json"))

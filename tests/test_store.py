@@ -1,10 +1,11 @@
-"""The results store: one writer per run folder (an flock freed when its holder dies)."""
+"""The results store: one writer per run folder (an flock freed when its holder dies), counts over resumes."""
 
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import kvqual
 from kvqual.errors import UsageError
 from kvqual.records import GenerationParams, RunManifest, Sample
-from kvqual.store import LOCK, RunLock, RunStore, answered_keys, load_samples
+from kvqual.store import LOCK, RunLock, RunStore, answered_keys, load_manifest, load_samples
 
 
 def manifest(run_id="t-abc", **kw):
@@ -81,3 +82,14 @@ def test_the_lock_dies_with_its_holder(tmp_path):
         except UsageError:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_resume_carries_retries_and_reconnects_and_counts_the_resume(tmp_path):
+    store = RunStore.open(tmp_path, manifest())
+    store.manifest = replace(store.manifest, counts={"retries": 3, "reconnects": 7, "ok": 1})
+    store.write_manifest()
+    store.close()
+    again = RunStore.open(tmp_path, manifest())
+    assert dict(again.manifest.counts) == {"retries": 3, "reconnects": 7, "resumes": 1}
+    again.close()
+    assert load_manifest(tmp_path / "t-abc").counts["resumes"] == 1

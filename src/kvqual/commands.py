@@ -58,8 +58,9 @@ async def _run_one(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefa
 
 def print_run_summary(manifest: RunManifest, results_dir: str, out: Callable[[str], Any] = print) -> None:
     c = manifest.counts
-    out(f"{manifest.run_id}: {c.get('ok', 0)}/{c.get('units', 0)} answered, {c.get('failed', 0)} failed "
-        f"({manifest.status}) → {results_dir}/{manifest.run_id}")
+    out(f"{manifest.run_id}: {c.get('ok', 0)}/{c.get('units', 0)} answered, {c.get('failed', 0)} failed, "
+        f"{c.get('retries', 0)} retries, {c.get('reconnects', 0)} reconnects ({manifest.status}) "
+        f"→ {results_dir}/{manifest.run_id}")
 
 
 def add_compare_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -3,6 +3,13 @@
 The work list is (item, repeat) units in a seeded shuffled order (the same order for every
 arm), minus the units the run folder already answered. N workers pull from one iterator, so
 memory stays constant in the number of answers; each answer is appended to disk at once.
+
+Retries and reconnects are counted apart. A retry is another attempt after a real failure (a
+429, a 5xx, a timeout, a refused connection), with backoff, within `retries`. A reconnect is a
+request sent again at once because the server closed the connection before any byte of the
+response: what a keep-alive connection the server timed out looks like when it is reused. The
+client does not say whether the connection was a reused one, so every close-before-response
+counts as a reconnect, up to MAX_RECONNECTS per request; beyond that it is a failed attempt.
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from kvqual import __version__
-from kvqual.client import (Answer, Transport, backoff_delay, chat_payload, classify, completion_payload,
-                           inter_token_latency, merge_chat_stream, merge_completion_stream, parse_chat,
-                           parse_completion)
+from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, chat_payload, classify,
+                           completion_payload, inter_token_latency, merge_chat_stream, merge_completion_stream,
+                           parse_chat, parse_completion)
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
@@ -108,16 +115,43 @@ class RunStats:
     failed: int = 0
     completion_tokens: int = 0
     started: float = 0.0
+    retries: int = 0  # attempts after a real failure, this session
+    reconnects: int = 0  # requests sent again after the server closed the connection unanswered
+
+
+MAX_RECONNECTS = 2  # per request; a server that keeps closing on it is failing, not timing out idle connections
+CLOSED_BEFORE_RESPONSE = "connection error: the server closed the connection before responding"
+
+
+def closed_before_response(exc: BaseException) -> bool:
+    """Did the server close the connection cleanly before any byte of the response? With the openai
+    client on aiohttp that is a ServerDisconnectedError with no partial response (which the SDK
+    reports as a timeout); on httpx, RemoteProtocolError "Server disconnected without sending a
+    response". A refused connection (server down), a reset (what a crashed server's socket sends)
+    or a close mid-body is a failure, not this."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:  # the SDK and the transport chain with `raise ... from`
+        seen.add(id(cause))
+        name = type(cause).__name__
+        if name == "ServerDisconnectedError":
+            return getattr(cause, "message", None) in (None, "Server disconnected")
+        if name == "RemoteProtocolError":
+            return "without sending a response" in str(cause)
+        cause = cause.__cause__
+    return False
 
 
 async def request_one(transport: Transport, item: Item, repeat: int, params: GenerationParams, model: str,
-                      retries: int, rng: random.Random) -> Sample:
-    """One item, retried on transient failures; a final failure is recorded, never answered."""
+                      retries: int, rng: random.Random) -> tuple[Sample, int]:
+    """One item, retried on transient failures; a final failure is recorded, never answered.
+    Returns the sample and how many times it was sent again after a close before any response
+    (reconnects: not attempts, and not counted against `retries`)."""
     if item.api == "chat":
         path, body, parse = "/chat/completions", chat_payload(item, params, model, repeat), parse_chat
     else:
         path, body, parse = "/completions", completion_payload(item, params, model, repeat), parse_completion
-    attempts = 0
+    attempts = reconnects = 0
     while True:
         attempts += 1
         started = time.time()
@@ -136,21 +170,28 @@ async def request_one(transport: Transport, item: Item, repeat: int, params: Gen
         except ServerContractError:
             raise
         except Exception as exc:  # noqa: BLE001 - classified below; never swallowed silently
+            closed = closed_before_response(exc)
+            if closed and reconnects < MAX_RECONNECTS:
+                reconnects += 1
+                attempts -= 1  # at once, on a new connection: the request was never answered
+                continue
             info = classify(exc)
+            if closed:  # the SDK calls it a timeout; say what happened
+                info = FailureInfo(True, f"{CLOSED_BEFORE_RESPONSE} (after {reconnects} reconnects)")
             if info.transient and attempts <= retries:
                 await asyncio.sleep(backoff_delay(attempts - 1, rng, retry_after=info.retry_after))
                 continue
             return Sample(id=item.id, suite=item.suite, repeat=repeat, text=None, finish_reason=None,
                           completion_tokens=None, error=info.message, latency_s=time.perf_counter() - t0,
                           started_at=started, attempts=attempts, base_url=transport.base_url,
-                          context_id=item.context_id)
+                          context_id=item.context_id), reconnects
         return Sample(
             id=item.id, suite=item.suite, repeat=repeat, text=answer.text, finish_reason=answer.finish_reason,
             completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
             latency_s=time.perf_counter() - t0, started_at=started, attempts=attempts, logprobs=answer.logprobs,
             score=_score(item, answer.text), base_url=transport.base_url, context_id=item.context_id,
             ttft_s=ttft, itl_s=itl,
-        )
+        ), reconnects
 
 
 def _score(item: Item, text: str) -> float | None:
@@ -183,7 +224,8 @@ class _Progress:
     def _rate(self) -> str:
         s = self.stats
         elapsed = max(time.perf_counter() - s.started, 1e-9)
-        return f"{s.done / elapsed:.1f} req/s  {s.completion_tokens / elapsed:.0f} tok/s  errors {s.failed}"
+        return (f"{s.done / elapsed:.1f} req/s  {s.completion_tokens / elapsed:.0f} tok/s  errors {s.failed}"
+                + (f"  reconnects {s.reconnects}" if s.reconnects else ""))
 
     def _line(self) -> None:
         s = self.stats
@@ -242,7 +284,8 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
             slot = min(range(len(transports)), key=in_flight.__getitem__)  # least-loaded replica
             in_flight[slot] += 1
             try:
-                sample = await request_one(transports[slot], item, repeat, plan.params, plan.model, run.retries, rng)
+                sample, reconnects = await request_one(transports[slot], item, repeat, plan.params, plan.model,
+                                                       run.retries, rng)
             except ServerContractError as exc:
                 abort.append(exc)
                 return
@@ -250,6 +293,8 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
                 in_flight[slot] -= 1
             store.append(sample)
             stats.done += 1
+            stats.retries += sample.attempts - 1
+            stats.reconnects += reconnects
             if sample.ok:
                 stats.ok += 1
                 stats.completion_tokens += sample.completion_tokens or 0
@@ -284,8 +329,11 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         server_metrics = await scraper.stop()
         for t in transports:
             await t.aclose()
-        counts = {**store.manifest.counts, "units": total, "ok": len(store.done), "failed": total - len(store.done),
-                  "completion_tokens_this_session": stats.completion_tokens, "plan_units": all_units}
+        before = store.manifest.counts
+        counts = {**before, "units": total, "ok": len(store.done), "failed": total - len(store.done),
+                  "completion_tokens_this_session": stats.completion_tokens, "plan_units": all_units,
+                  "retries": int(before.get("retries", 0)) + stats.retries,
+                  "reconnects": int(before.get("reconnects", 0)) + stats.reconnects}
         failed_rate = (total - len(store.done)) / total if total else 0.0
         if status in ("complete", "partial") and failed_rate > 0:
             status = "incomplete"  # failed units are retried by the next run of the same command

@@ -226,9 +226,13 @@ def _previous_manifest(run_dir: Path) -> RunManifest | None:
         return None
 
 
+CARRIED_COUNTS = ("retries", "reconnects")  # summed over every session of a run
+
+
 def _resumed(new: RunManifest, old: RunManifest) -> RunManifest:
-    """Keep the original start time; note how many times the run was resumed."""
+    """Keep the original start time and the retries and reconnects so far; count the resume."""
     from dataclasses import replace
 
     resumes = int(old.counts.get("resumes", 0)) + 1
-    return replace(new, started_at=old.started_at, counts={**new.counts, "resumes": resumes})
+    carried = {k: int(old.counts.get(k, 0)) for k in CARRIED_COUNTS}
+    return replace(new, started_at=old.started_at, counts={**new.counts, **carried, "resumes": resumes})
