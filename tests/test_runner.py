@@ -271,6 +271,31 @@ def test_a_manifest_that_says_complete_over_missing_samples_is_resumed(tmp_path,
     assert sum(server.stats().values()) == 8
 
 
+def test_kvqual_run_that_ends_with_failed_requests_exits_4(tmp_path, fake_server, capsys):
+    from kvqual.cli import main
+
+    server = fake_server()
+    items = [{"id": "b", "prompt": "broken"}, {"id": "x", "prompt": "badrequest"}] + \
+            [{"id": str(i), "prompt": f"fine {i}"} for i in range(48)]
+    write_suite(tmp_path / "s.jsonl", items)
+    write_config(tmp_path / "kvqual.toml", {"t": server.base_url})
+    out = tmp_path / "results"
+    argv = ["run", "t", "--suite", str(tmp_path / "s.jsonl"), "--config", str(tmp_path / "kvqual.toml"),
+            "--out", str(out), "--retries", "1", "--top-logprobs", "0"]
+    assert main(argv) == 4  # 2 of 50 failed: under max_failed_rate (5%), so no abort, but not a clean run
+    captured = capsys.readouterr()
+    (run_dir,) = out.glob("t-*")
+    assert captured.out == (f"{run_dir.name}: 48/50 answered, 2 failed, 1 retries, 0 reconnects (incomplete) "
+                            f"→ {run_dir}\n")
+    progress, error = captured.err.splitlines()  # the closing progress line, then one line of error
+    assert progress.startswith(f"kvqual: {run_dir.name}: 50/50 done")
+    assert error == (f"kvqual: error: t: run incomplete: 2 of 50 requests failed for good (HTTP 400 ×1, "
+                     f"HTTP 500 ×1); errors are in {run_dir}/samples.jsonl — run the same command again "
+                     "to retry them")
+    assert server.stats()["broken"] == 2 and server.stats()["badrequest"] == 1  # 1 + 1 retry; 4xx is final
+    assert load_manifest(run_dir).counts["retries"] == 1
+
+
 class LoopbackServer:
     """A raw HTTP/1.1 completions server on loopback whose connections the test controls.
     `close="reused"`: a completion request on a connection that already served one is met by a
@@ -348,7 +373,8 @@ def test_a_server_that_always_closes_unanswered_fails_after_bounded_reconnects_a
 
     server = LoopbackServer(close="always")
     s = suite(tmp_path, [{"id": "a", "prompt": "pa"}])
-    with pytest.raises(InfrastructureError, match=r"1 of 1 requests failed \(100.0% > max_failed_rate 5.0%\)"):
+    with pytest.raises(InfrastructureError, match=r"1 of 1 requests failed \(100.0% > max_failed_rate 5.0%: "
+                                                  r"connection error ×1\)"):
         run(tmp_path, server, s, top_logprobs=0, retries=1)
     (run_dir,) = (tmp_path / "results").glob("t-*")
     (x,) = load_samples(run_dir).values()

@@ -1,5 +1,7 @@
-"""The results store: one writer per run folder (an flock freed when its holder dies), counts over resumes."""
+"""The results store: one writer per run folder (an flock freed when its holder dies), counts over resumes,
+failure kinds."""
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +15,8 @@ import pytest
 import kvqual
 from kvqual.errors import UsageError
 from kvqual.records import GenerationParams, RunManifest, Sample
-from kvqual.store import LOCK, RunLock, RunStore, answered_keys, load_manifest, load_samples
+from kvqual.store import (LOCK, SAMPLES, RunLock, RunStore, answered_keys, error_kind, failure_counts,
+                          load_manifest, load_samples)
 
 
 def manifest(run_id="t-abc", **kw):
@@ -93,3 +96,17 @@ def test_resume_carries_retries_and_reconnects_and_counts_the_resume(tmp_path):
     assert dict(again.manifest.counts) == {"retries": 3, "reconnects": 7, "resumes": 1}
     again.close()
     assert load_manifest(tmp_path / "t-abc").counts["resumes"] == 1
+
+
+def test_failure_counts_by_kind_for_the_keys_still_unanswered(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    lines = [sample(0, 'HTTP 500: {"error": "always broken"}'), sample(1, "HTTP 500: other"),
+             sample(2, "timeout"), sample(3, "connection error: refused"), sample(4),
+             sample(5, "HTTP 503: busy"), sample(5)]  # i5 failed, then answered: not a failure any more
+    (run_dir / SAMPLES).write_text("".join(json.dumps(s.to_json()) + "\n" for s in lines) + '{"torn')
+    assert failure_counts(run_dir) == {"HTTP 500": 2, "timeout": 1, "connection error": 1}
+    assert answered_keys(run_dir) == {("s", "i4", 0), ("s", "i5", 0)}
+    assert error_kind("HTTP 429: slow down") == "HTTP 429" and error_kind("malformed response: x") == \
+        "malformed response"
+    assert failure_counts(tmp_path / "missing") == {} and answered_keys(tmp_path / "missing") == set()

@@ -12,7 +12,9 @@ import sys
 from typing import Any, AsyncIterator, Callable
 
 from kvqual.config import Config, Overrides, RunDefaults, Target, load_config
+from kvqual.errors import InfrastructureError
 from kvqual.records import RunManifest
+from kvqual.store import failure_summary
 from kvqual.suites import LoadedSuite, load_suites
 
 DEFAULT_PROFILE = "profile:default"
@@ -46,7 +48,17 @@ def cmd_run(target_name: str, overrides: dict[str, Any], *, config_path: str | N
     target = config.target(target_name)
     manifest = asyncio.run(_run_one(target, suites, run, rerun))
     print_run_summary(manifest, run.results_dir)
+    if manifest.counts.get("failed", 0):  # under max_failed_rate, but a run with holes is not a clean run
+        raise InfrastructureError(incomplete_run_message(manifest, run.results_dir))
     return 0
+
+
+def incomplete_run_message(manifest: RunManifest, results_dir: str) -> str:
+    """One line for a run that ended with requests failed for good: how many, of which kind."""
+    c, run_dir = manifest.counts, f"{results_dir}/{manifest.run_id}"
+    return (f"{manifest.target}: run incomplete: {c.get('failed', 0)} of {c.get('units', 0)} requests failed "
+            f"for good ({failure_summary(run_dir)}); errors are in {run_dir}/samples.jsonl — "
+            "run the same command again to retry them")
 
 
 async def _run_one(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefaults, rerun: bool) -> RunManifest:

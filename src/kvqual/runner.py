@@ -31,7 +31,7 @@ from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, chat_p
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
-from kvqual.store import RunLock, RunStore, answered_keys, run_key
+from kvqual.store import RunLock, RunStore, answered_keys, failure_summary, run_key
 from kvqual.suites import LoadedSuite
 from kvqual.telemetry import Scraper
 
@@ -345,7 +345,8 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
     if failed_rate > run.max_failed_rate:
         raise InfrastructureError(
             f"{plan.target.name}: {total - len(store.done)} of {total} requests failed "
-            f"({failed_rate:.1%} > max_failed_rate {run.max_failed_rate:.1%}); errors are in "
+            f"({failed_rate:.1%} > max_failed_rate {run.max_failed_rate:.1%}: "
+            f"{failure_summary(store.run_dir)}); errors are in "
             f"{store.run_dir}/samples.jsonl — run the same command again to retry them")
     return store.manifest
 

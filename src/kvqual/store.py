@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -88,6 +89,31 @@ def answered_keys(run_dir: str | Path) -> set[Key]:
         return set()
     return {(obj.get("suite"), obj.get("id"), obj.get("repeat"))  # type: ignore[misc]
             for _, obj in iter_sample_lines(path) if obj is not None and obj.get("error") is None}
+
+
+def error_kind(message: str) -> str:
+    """A failure's kind for counting: `HTTP 500`, `timeout`, `connection error`, ..."""
+    if message.startswith("HTTP "):
+        return " ".join(message.split(":", 1)[0].split()[:2])
+    return message.split(":", 1)[0][:60]
+
+
+def failure_counts(run_dir: str | Path) -> Counter[str]:
+    """How often each kind of failure is recorded for the keys still unanswered in a run folder."""
+    path = Path(run_dir) / SAMPLES
+    if not path.is_file():
+        return Counter()
+    last: dict[Key, str | None] = {}
+    for _, obj in iter_sample_lines(path):
+        if obj is not None:
+            last[(obj.get("suite"), obj.get("id"), obj.get("repeat"))] = obj.get("error")  # type: ignore[index]
+    return Counter(error_kind(str(e)) for e in last.values() if e is not None)
+
+
+def failure_summary(run_dir: str | Path) -> str:
+    """`HTTP 500 ×3, timeout ×1`: `failure_counts` in words, most frequent first (ties by name)."""
+    counts = sorted(failure_counts(run_dir).items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{kind} ×{n}" for kind, n in counts) or "no error recorded"
 
 
 class RunLock:
