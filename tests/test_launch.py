@@ -61,7 +61,11 @@ def test_ctrl_c_during_a_comparison_stops_the_launched_server(tmp_path):
     deadline = time.monotonic() + 60
     while "healthy" not in proc.stderr.readline() and time.monotonic() < deadline:
         pass
-    time.sleep(1.0)  # mid-run
+    while time.monotonic() < deadline:  # mid-run: an answer is on disk (a fixed sleep is flaky on a busy box)
+        files = list((tmp_path / "results").glob("a-*/samples.jsonl"))
+        if files and files[0].read_text().strip():
+            break
+        time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     rest = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130, rest
@@ -71,3 +75,4 @@ def test_ctrl_c_during_a_comparison_stops_the_launched_server(tmp_path):
     assert not leftover.stdout.split(), "the launched server outlived Ctrl-C"
     answered = (next((tmp_path / "results").glob("a-*")) / "samples.jsonl").read_text().splitlines()
     assert 0 < len(answered) < 200  # what was answered before Ctrl-C is kept for the resume
+

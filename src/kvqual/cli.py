@@ -1,14 +1,19 @@
 """The command line: parse, call the library, print, map errors to exit codes.
 
-Exit codes: 0 pass/ok, 1 fail, 2 usage or bad input, 3 inconclusive, 4 infrastructure.
+Exit codes: 0 pass/ok, 1 fail, 2 usage or bad input, 3 inconclusive, 4 infrastructure;
+stopped by a signal: 128 + its number (130 Ctrl-C / SIGINT, 143 SIGTERM, 129 SIGHUP).
+SIGTERM and SIGHUP (a CI runner cancelling the job, a closed terminal) stop a command the way
+Ctrl-C does: the work is cancelled, servers kvqual launched are stopped, answers stay saved.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from kvqual import __version__
 from kvqual.errors import KvqualError
@@ -24,7 +29,8 @@ examples:
   kvqual suites                                 list the built-in suites
   kvqual sample prompts.jsonl.gz --n 500 --by category -o suites/train.jsonl
 
-exit codes: 0 pass, 1 fail, 2 usage or bad input, 3 inconclusive, 4 infrastructure
+exit codes: 0 pass, 1 fail, 2 usage or bad input, 3 inconclusive, 4 infrastructure,
+  128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); answers so far are kept
 """
 
 
@@ -51,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvqual.serve import cli as serve_cli
 
     serve_cli.add_arguments(p)
-    p.set_defaults(func=serve_cli.run)
+    p.set_defaults(func=serve_cli.run, own_signals=True)  # uvicorn handles SIGINT/SIGTERM itself
 
     p = sub.add_parser("suites", help="list the built-in suites, or write one to a JSONL file")
     from kvqual.suites import generated
@@ -74,6 +80,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             include_path=args.include_path)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_stopped_by: list[int] = []  # the first stop signal received (its number decides the exit code)
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    """SIGTERM / SIGHUP do what Ctrl-C does: inside `asyncio.run` its handler cancels the main task
+    (launched servers are stopped on the way out), elsewhere it raises KeyboardInterrupt. A second
+    signal, as a second Ctrl-C, interrupts the clean-up itself (launch.py still kills at exit)."""
+    if not _stopped_by:
+        _stopped_by.append(signum)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:  # SIGINT ignored (a background job of a non-interactive shell): interrupt all the same
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP handled like SIGINT while the block runs (main thread only)."""
+    try:
+        previous = {sig: signal.signal(sig, _on_stop_signal) for sig in STOP_SIGNALS}
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -81,13 +119,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    _stopped_by.clear()
+    signals = contextlib.nullcontext() if getattr(args, "own_signals", False) else _stop_signals_interrupt()
     try:
-        return int(func(args) or 0)
+        with signals:
+            return int(func(args) or 0)
     except KvqualError as exc:
         print(f"kvqual: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("kvqual: interrupted; answers so far are saved — run the same command to resume", file=sys.stderr)
-        return 130
-    except asyncio.CancelledError:
-        return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        how = f"stopped by {signal.Signals(_stopped_by[0]).name}" if _stopped_by else "interrupted"
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            print(f"kvqual: {how}; answers so far are saved — run the same command to resume", file=sys.stderr)
+        return 128 + (_stopped_by[0] if _stopped_by else signal.SIGINT)  # 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP

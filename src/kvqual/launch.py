@@ -3,7 +3,9 @@
 The users who need kvqual most run one model on all their GPUs, so the two arms cannot run
 side by side: each is start → wait → run → stop, and the next may start only once the
 previous server has let go of its port. A launched server never outlives kvqual: on
-success, error or Ctrl-C it gets SIGTERM, then SIGKILL after a grace period.
+success or error it gets SIGTERM, then SIGKILL after GRACE_S; when kvqual itself is stopped
+(Ctrl-C, SIGTERM, SIGHUP: see cli.py) after INTERRUPT_GRACE_S, so that kvqual exits within
+seconds, before a CI runner's own SIGKILL, which would leave the server (its own session) behind.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kvqual.errors import LaunchError
 from kvqual.probe import server_root
 
 GRACE_S = 30.0
+INTERRUPT_GRACE_S = 3.0
 _live: set[int] = set()  # process-group ids still running, stopped at exit as a last resort
 
 
@@ -62,7 +65,8 @@ def _tail(path: Path, n: int = 8) -> str:
 
 
 def _say(message: str) -> None:
-    print(f"kvqual: {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # a terminal that hung up (SIGHUP) must not skip the stop
+        print(f"kvqual: {message}", file=sys.stderr, flush=True)
 
 
 def stop_group(proc: subprocess.Popen, grace: float = GRACE_S) -> None:
@@ -143,13 +147,17 @@ async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
         except OSError as exc:
             raise LaunchError(f"{target.name}: cannot start {argv[0]!r}: {exc}") from None
     _live.add(proc.pid)
+    interrupted = False
     try:
         took = await wait_healthy(target, proc, log, target.launch_timeout)
         _say(f"{target.name} is healthy after {took:.1f} s at {target.base_url}")
         yield target
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupted = True
+        raise
     finally:
         _say(f"stopping {target.name}")
-        stop_group(proc)
+        stop_group(proc, INTERRUPT_GRACE_S if interrupted else GRACE_S)
         if port is not None:
             deadline = time.monotonic() + 15
             while not port_is_free(port):

@@ -2,6 +2,10 @@
 
 The model is loaded once per process (`load_model` is cached); each server gets its own
 engine thread and KV cache settings, so a bf16 and an fp8 server can share the weights.
+
+Shutdown is prompt: SIGINT / SIGTERM stop the engine at once, so requests in flight fail
+("server shutting down") instead of holding uvicorn's graceful shutdown open until the
+launcher's SIGKILL; uvicorn cancels whatever is left after SHUTDOWN_GRACE_S.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import contextlib
 import socket
 import threading
 import time
+from types import FrameType
 from typing import Iterator
 
 import torch
@@ -27,6 +32,7 @@ from kvqual.serve.kvcache import (
 from kvqual.serve.model import load_model, resolve_source
 
 DEFAULT_KV_BUDGET_MB = 256
+SHUTDOWN_GRACE_S = 2.0  # after a stop signal, connections still open are cancelled after this long
 
 
 def build_state(
@@ -63,10 +69,27 @@ def warm_up(engine: Engine, rounds: int = 2, tokens: int = 16) -> None:
         done.wait(timeout=300)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server that also stops the engine on a stop signal: its clients are going away
+    (kvqual stopping its launched server), so requests in flight end now with an error."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # Engine.shutdown joins the engine thread: not in a signal handler
+        threading.Thread(target=self.engine.shutdown, name="kvqual-serve-stop", daemon=True).start()
+
+
 def serve_forever(state: ServerState, host: str, port: int, log_level: str = "info") -> None:
     """Serve until interrupted (Ctrl-C / SIGTERM), then stop the engine."""
+    config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     try:
-        uvicorn.run(create_app(state), host=host, port=port, log_level=log_level)
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled (as uvicorn.run)
+            _Server(config, state.engine).run()
     finally:
         state.engine.shutdown()
 
@@ -88,7 +111,8 @@ def running_server(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
