@@ -19,6 +19,8 @@ Answers are deterministic functions of the prompt, so tests can predict them:
   with an error event after the first token.
 - `--metrics` serves vLLM-named Prometheus counters at GET /metrics (tokens, running requests,
   a TTFT histogram) so server-side figures can be tested.
+- `--echo-auth` repeats the request's Authorization header in every error body (a server that
+  leaks the API key into its error messages).
 """
 
 from __future__ import annotations
@@ -271,7 +273,16 @@ def make_app(args: argparse.Namespace) -> web.Application:
         finally:
             fake.running -= 1
 
-    app = web.Application(middlewares=[running])
+    @web.middleware
+    async def echo_auth(request: web.Request, handler):
+        response = await handler(request)
+        if response.status >= 400 and isinstance(response, web.Response) and response.text:
+            body = json.loads(response.text)
+            body["error"]["message"] += f" (Authorization: {request.headers.get('Authorization')})"
+            response.text = json.dumps(body)
+        return response
+
+    app = web.Application(middlewares=[running] + ([echo_auth] if args.echo_auth else []))
     app.add_routes([web.post("/v1/completions", fake.completions), web.post("/v1/chat/completions", fake.chat),
                     web.get("/v1/models", fake.models), web.get("/get_server_info", fake.server_info),
                     web.get("/stats", fake.stats), web.get("/health", fake.health),
@@ -295,6 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--stream-error", action="store_true")
     p.add_argument("--metrics", action="store_true")
+    p.add_argument("--echo-auth", action="store_true")
     return p.parse_args(argv)
 
 

@@ -1,3 +1,4 @@
+import json
 import random
 
 import httpx
@@ -7,7 +8,7 @@ import pytest
 from kvqual import client
 from kvqual.client import (backoff_delay, chat_payload, classify, completion_payload, echo_payload, parse_chat,
                            parse_completion, parse_echo, token_id_of)
-from kvqual.errors import ServerContractError
+from kvqual.errors import ServerContractError, register_secret
 from kvqual.records import GenerationParams, Item
 
 PARAMS = GenerationParams(temperature=0.0, seed=7, max_tokens=64, top_logprobs=3)
@@ -207,3 +208,50 @@ def test_inter_token_latency_is_vllm_tpot():
 def test_stream_payload_asks_for_usage():
     assert client.stream_payload({"model": "m"}) == {"model": "m", "stream": True,
                                                       "stream_options": {"include_usage": True}}
+
+
+# ---------------------------------------------------------------- secrets
+
+def test_a_key_in_an_error_body_is_redacted_before_the_body_is_cut():
+    secret = "sk-kvqual-cut-" + "7" * 24
+    register_secret(secret)
+    req = httpx.Request("POST", "http://h/v1/completions")
+    text = "x" * 280 + f" Bearer {secret} tail"  # a plain 300-character cut would keep the key's first 12 characters
+    info = classify(openai.APIStatusError("x", response=httpx.Response(400, text=text, request=req), body=None))
+    assert "sk-kvqual" not in info.message and info.message.endswith("Bearer *** tail")
+    assert secret not in classify(RuntimeError(f"oops {secret}")).message
+    register_secret("EMPTY")  # a placeholder is not a secret: text keeps the word
+    assert "EMPTY" in classify(RuntimeError("Bearer EMPTY")).message
+
+
+def test_no_file_under_results_holds_the_api_key_a_server_echoes(tmp_path, fake_server):
+    import os
+    import subprocess
+    import sys
+
+    from kvtest import write_suite
+
+    secret, openai_secret = "sk-kvqual-e2e-SECRET-0123456789", "sk-openai-user-SECRET-9876543210"
+    server = fake_server("--echo-auth")
+    write_suite(tmp_path / "s.jsonl", [{"id": "bad", "prompt": "badrequest"}, {"id": "down", "prompt": "broken"},
+                                       {"id": "fine", "prompt": "hello"}])
+    (tmp_path / "kvqual.toml").write_text(
+        f'[run]\nretries = 0\nmax_failed_rate = 1.0\n'
+        f'[targets.keyed]\nbase_url = "{server.base_url}"\napi_key_env = "KVQUAL_TEST_KEY"\n'
+        f'[targets.plain]\nbase_url = "{server.base_url}"\n')
+    env = {**os.environ, "CI": "true", "KVQUAL_TEST_KEY": secret, "OPENAI_API_KEY": openai_secret}
+    errors = {}
+    for target in ("keyed", "plain"):
+        r = subprocess.run([sys.executable, "-m", "kvqual", "run", target, "--suite", "s.jsonl"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 4 and secret not in r.stdout + r.stderr, r.stderr  # 4: requests failed for good
+        samples = [json.loads(l) for l in next((tmp_path / "results").glob(f"{target}-*/samples.jsonl")).open()]
+        errors[target] = {s["id"]: s["error"] for s in samples}
+    # the server did echo the header into both error bodies (400 and 500) ...
+    assert "(Authorization: Bearer ***)" in errors["keyed"]["bad"] and "Bearer ***" in errors["keyed"]["down"]
+    assert errors["keyed"]["fine"] is None
+    # ... a target without api_key_env on a non-OpenAI URL never got the user's OPENAI_API_KEY ...
+    assert "(Authorization: Bearer EMPTY)" in errors["plain"]["bad"]
+    # ... and no file kvqual wrote holds either key
+    files = [p for p in (tmp_path / "results").rglob("*") if p.is_file()]
+    assert files and not [p for p in files if secret.encode() in p.read_bytes() or openai_secret.encode() in p.read_bytes()]

@@ -51,6 +51,38 @@ def test_api_key_comes_from_env_only(tmp_path, monkeypatch):
     assert "sk-secret" not in str(cfg.target("fp8").identity())
 
 
+def test_openai_api_key_goes_to_openai_alone(tmp_path, monkeypatch):
+    """Without `api_key_env` a target gets OPENAI_API_KEY only on api.openai.com; any other server
+    (a local vLLM, a colleague's SGLang) gets the no-key placeholder, not the user's key."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-user-openai-key")
+    monkeypatch.setenv("MY_KEY", "sk-named")
+    cfg = load_config(write(tmp_path, GOOD + """
+[targets.openai]
+base_url = "https://api.openai.com/v1"
+model = "gpt-4o-mini"
+
+[targets.lookalike]
+base_url = "https://api.openai.com.evil.example/v1"
+
+[targets.mixed]
+base_url = ["https://api.openai.com/v1", "http://127.0.0.1:8000/v1"]
+"""))
+    assert cfg.target("openai").api_key() == "sk-user-openai-key"
+    assert cfg.target("bf16").api_key() == "EMPTY"  # 127.0.0.1, no api_key_env
+    assert cfg.target("lookalike").api_key() == "EMPTY" and cfg.target("mixed").api_key() == "EMPTY"
+    assert cfg.target("fp8").api_key() == "sk-named"  # named: sent wherever the target is
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert cfg.target("openai").api_key() == "EMPTY"
+
+
+def test_a_resolved_key_is_redacted_from_messages(tmp_path, monkeypatch):
+    from kvqual.errors import redact
+
+    monkeypatch.setenv("MY_KEY", "sk-resolved-0123456789")
+    load_config(write(tmp_path, GOOD)).target("fp8").api_key()
+    assert redact("401: bad key sk-resolved-0123456789.") == "401: bad key ***."
+
+
 @pytest.mark.parametrize("text, key, words", [
     ('[targets.a]\nbase_url = "http://x/v1"\nbogus = 1\n', "targets.a.bogus", "unknown key"),
     ('[targets.a]\nbase_url = 5\n', "targets.a.base_url", "expected"),

@@ -76,3 +76,15 @@ def test_ctrl_c_during_a_comparison_stops_the_launched_server(tmp_path):
     answered = (next((tmp_path / "results").glob("a-*")) / "samples.jsonl").read_text().splitlines()
     assert 0 < len(answered) < 200  # what was answered before Ctrl-C is kept for the resume
 
+
+def test_a_launched_servers_log_loses_the_api_key(tmp_path):
+    """Engines log their arguments (vLLM: `api_key=[...]`); the log kept under results/ must not."""
+    from kvqual.errors import register_secret
+    from kvqual.launch import scrub_log
+
+    register_secret("sk-launch-log-0123456789")
+    log = tmp_path / "a.log"
+    log.write_bytes(b"INFO args: api_key=['sk-launch-log-0123456789'] \xff\nready\n")
+    scrub_log(log)
+    assert log.read_bytes() == b"INFO args: api_key=['***'] \xff\nready\n"  # other bytes kept as they were
+    scrub_log(tmp_path / "missing.log")  # no log: nothing to do

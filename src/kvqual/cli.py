@@ -16,7 +16,7 @@ import sys
 from typing import Callable, Iterator, Sequence
 
 from kvqual import __version__
-from kvqual.errors import KvqualError
+from kvqual.errors import KvqualError, redact
 from kvqual.options import add_run_options, overrides
 
 EXAMPLES = """\
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with signals:
             return int(func(args) or 0)
     except KvqualError as exc:
-        print(f"kvqual: error: {exc}", file=sys.stderr)
+        print(f"kvqual: error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except (KeyboardInterrupt, asyncio.CancelledError):
         how = f"stopped by {signal.Signals(_stopped_by[0]).name}" if _stopped_by else "interrupted"

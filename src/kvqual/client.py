@@ -3,6 +3,8 @@
 Payloads are plain dicts and responses are parsed from the server's JSON, not from the SDK's
 pydantic models: fields that servers add (vLLM/SGLang token ids, prompt logprobs) stay
 visible, parsing is cheap, and every shape is tested by asserting on exact dicts.
+
+Failure messages never carry a configured API key (`errors.redact`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Mapping
 import httpx
 import openai
 
-from kvqual.errors import ServerContractError
+from kvqual.errors import ServerContractError, redact, register_secret
 from kvqual.records import GenerationParams, Item, TokenLogprobs
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids format
@@ -105,7 +107,7 @@ def _usage(data: Mapping[str, Any]) -> tuple[int | None, int | None]:
 def _first_choice(data: Mapping[str, Any], server: str) -> Mapping[str, Any]:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ServerContractError(f"{server}: response has no choices: {str(data)[:200]}")
+        raise ServerContractError(f"{server}: response has no choices: {redact(str(data))[:200]}")
     return choices[0]
 
 
@@ -307,20 +309,27 @@ def _retry_after(headers: Mapping[str, str] | None) -> float | None:
 
 
 def classify(exc: BaseException) -> FailureInfo:
-    """Transient (retry): connection errors, timeouts, 408/409/429, 5xx. Anything else is final."""
+    """Transient (retry): connection errors, timeouts, 408/409/429, 5xx. Anything else is final.
+    The message is what gets stored: a configured API key in it (a server echoing the request's
+    Authorization header in an error body) is replaced by *** before it is cut to length."""
+    info = _classify(exc)
+    return dataclasses.replace(info, message=redact(info.message))
+
+
+def _classify(exc: BaseException) -> FailureInfo:
     if isinstance(exc, openai.APITimeoutError):
         return FailureInfo(True, "timeout")
     if isinstance(exc, openai.APIConnectionError):
         return FailureInfo(True, f"connection error: {exc.__cause__ or exc}")
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        body = exc.response.text[:300] if exc.response is not None else ""
+        body = exc.response.text if exc.response is not None else ""
         transient = status in (408, 409, 429) or status >= 500
-        return FailureInfo(transient, f"HTTP {status}: {body}",
+        return FailureInfo(transient, f"HTTP {status}: {_body_head(body)}",
                            _retry_after(exc.response.headers if exc.response is not None else None))
     if isinstance(exc, httpx.HTTPStatusError):  # raise_for_status() on a plain httpx request
         status = exc.response.status_code
-        return FailureInfo(status in (408, 409, 429) or status >= 500, f"HTTP {status}: {exc.response.text[:300]}",
+        return FailureInfo(status in (408, 409, 429) or status >= 500, f"HTTP {status}: {_body_head(exc.response.text)}",
                            _retry_after(exc.response.headers))
     if isinstance(exc, (httpx.TimeoutException,)):
         return FailureInfo(True, "timeout")
@@ -329,6 +338,12 @@ def classify(exc: BaseException) -> FailureInfo:
     if isinstance(exc, ValueError):  # a body that is not JSON
         return FailureInfo(False, f"malformed response: {exc}")
     return FailureInfo(False, f"{type(exc).__name__}: {exc}")
+
+
+def _body_head(body: str) -> str:
+    """The first 300 characters of an error body, with keys redacted first (a cut must not leave
+    the start of a key behind)."""
+    return redact(body)[:300]
 
 
 def backoff_delay(attempt: int, rng: random.Random, base: float = 0.5, cap: float = 30.0,
@@ -345,6 +360,7 @@ class Transport:
 
     def __init__(self, base_url: str, api_key: str, timeout: float) -> None:
         self.base_url = base_url.rstrip("/")
+        register_secret(api_key)  # whatever this client sends is scrubbed from failure messages
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0,
             http_client=openai.DefaultAioHttpClient(timeout=timeout),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
 
-from kvqual.errors import ConfigError
+from kvqual.errors import ConfigError, register_secret
 
 if TYPE_CHECKING:
     from kvqual.gate import GatePolicy
@@ -27,6 +27,8 @@ DEFAULT_CONFIG_NAME = "kvqual.toml"
 # a word of letters, digits, "_", "." or "-"; compare/session.py knows which names are aliases.
 KV_CACHE_DTYPE_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,32}")
 BUILTIN_SOURCE = "<built-in targets: kvqual serve>"
+OPENAI_HOST = "api.openai.com"  # the one host OPENAI_API_KEY goes to without `api_key_env`
+NO_KEY = "EMPTY"  # what OpenAI-compatible servers without auth accept (vLLM's and SGLang's docs use it)
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,17 @@ class Target:
         return self.base_urls[0]
 
     def api_key(self) -> str:
-        """The API key from the environment; never stored anywhere."""
+        """The API key from the environment variable `api_key_env` names; without one, OPENAI_API_KEY
+        for a target on OpenAI's own API only, so the user's key never goes to another server.
+        Never stored; registered so that no failure message carries it (errors.redact)."""
         if self.api_key_env:
-            return os.environ.get(self.api_key_env, "")
-        return os.environ.get("OPENAI_API_KEY", "") or "EMPTY"
+            key = os.environ.get(self.api_key_env, "")
+        elif all(urlparse(u).hostname == OPENAI_HOST for u in self.base_urls):
+            key = os.environ.get("OPENAI_API_KEY", "") or NO_KEY
+        else:
+            key = NO_KEY
+        register_secret(key)
+        return key
 
     def with_port(self, port: int) -> "Target":
         """This target with `{port}` filled in its launch command and base URLs."""

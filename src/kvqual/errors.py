@@ -10,9 +10,15 @@
     │                             keeps going without token criteria for it)
     └── InfrastructureError       a target unreachable, too many failed requests (exit 4)
         └── LaunchError           a launched server did not come up / go down   (exit 4)
+
+No message kvqual stores or prints carries a configured API key: `Target.api_key()` registers
+what it resolves (`register_secret`); failure messages (`client.classify`) and what the CLI
+prints pass through `redact`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class KvqualError(Exception):
@@ -78,3 +84,35 @@ class EchoDisagreement(ServerContractError):
     def __init__(self, message: str, mean_abs: float, cause: str) -> None:
         super().__init__(message)
         self.mean_abs, self.cause = mean_abs, cause
+
+
+# ---------------------------------------------------------------- secrets in messages
+
+REDACTED = "***"
+MIN_SECRET_LEN = 8  # shorter values ("EMPTY", "none", "x") are placeholders, and scrubbing them would garble text
+_secrets: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a credential this process sends, so that `redact` removes it from every message."""
+    if value and len(value) >= MIN_SECRET_LEN:
+        _secrets.add(value)
+
+
+def redact(text: str) -> str:
+    """`text` with every registered credential replaced by `***` (apply before truncating)."""
+    for secret in sorted(_secrets, key=len, reverse=True):  # a key that contains another goes first
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def redact_json(value: Any) -> Any:
+    """`redact` through a JSON-like value (dicts, lists, strings), e.g. a server's self-report."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(k) if isinstance(k, str) else k: redact_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_json(v) for v in value]
+    return value

@@ -26,7 +26,7 @@ from typing import AsyncIterator
 import httpx
 
 from kvqual.config import Target
-from kvqual.errors import LaunchError
+from kvqual.errors import LaunchError, redact
 from kvqual.probe import server_root
 
 GRACE_S = 30.0
@@ -86,6 +86,17 @@ def stop_group(proc: subprocess.Popen, grace: float = GRACE_S) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     _live.discard(pgid)
+
+
+def scrub_log(path: Path) -> None:
+    """Remove configured API keys from a launched server's log (engines log their arguments)."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="surrogateescape")  # bytes kept as they are
+    except OSError:
+        return
+    clean = redact(text)
+    if clean != text:
+        path.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
 
 
 @atexit.register
@@ -158,6 +169,7 @@ async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
     finally:
         _say(f"stopping {target.name}")
         stop_group(proc, INTERRUPT_GRACE_S if interrupted else GRACE_S)
+        scrub_log(log)
         if port is not None:
             deadline = time.monotonic() + 15
             while not port_is_free(port):
