@@ -8,7 +8,7 @@ import pytest
 from kvqual import client
 from kvqual.client import (backoff_delay, chat_payload, classify, completion_payload, echo_payload, parse_chat,
                            parse_completion, parse_echo, token_id_of)
-from kvqual.errors import ServerContractError, register_secret
+from kvqual.errors import InvalidResponse, ServerContractError, register_secret
 from kvqual.records import GenerationParams, Item
 
 PARAMS = GenerationParams(temperature=0.0, seed=7, max_tokens=64, top_logprobs=3)
@@ -208,6 +208,188 @@ def test_inter_token_latency_is_vllm_tpot():
 def test_stream_payload_asks_for_usage():
     assert client.stream_payload({"model": "m"}) == {"model": "m", "stream": True,
                                                       "stream_options": {"include_usage": True}}
+
+
+# ---------------------------------------------------------------- garbage is not data
+
+
+def _answer(model="m", lp=-0.5, top=-0.5):
+    return {"model": model, "choices": [{"index": 0, "text": " x", "finish_reason": "stop", "logprobs": {
+        "tokens": [" x"], "token_logprobs": [lp], "top_logprobs": [{" x": top}], "text_offset": [0]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+
+
+@pytest.mark.parametrize("lp, top", [(float("nan"), -0.5), (float("-inf"), -0.5), (-0.5, float("inf")),
+                                     (None, -0.5), ("-0.5", -0.5), (True, -0.5)])
+def test_a_non_finite_or_missing_logprob_is_an_invalid_response(lp, top):
+    with pytest.raises(InvalidResponse, match="not a finite number"):
+        parse_completion(_answer(lp=lp, top=top), 1, "http://h/v1")
+    with pytest.raises(InvalidResponse):  # logprobs not asked for, but garbage all the same
+        parse_completion(_answer(lp=lp, top=top), 0)
+
+
+def test_vllms_clamped_minus_infinity_is_a_number():
+    assert parse_completion(_answer(lp=-9999.0, top=-9999.0), 1).logprobs.token_logprobs == (-9999.0,)
+
+
+def test_chat_and_streamed_nan_logprobs_are_invalid_too():
+    content = [{"token": "Hi", "logprob": float("nan"), "top_logprobs": [{"token": "Hi", "logprob": -0.1}]}]
+    data = {"choices": [{"message": {"content": "Hi"}, "finish_reason": "stop", "logprobs": {"content": content}}],
+            "usage": {"completion_tokens": 1}}
+    with pytest.raises(InvalidResponse, match="logprob of token 0 is nan"):
+        parse_chat(data, 1)
+    chunk = _cmpl_chunk(" a", [" a"], finish="stop")
+    chunk["choices"][0]["logprobs"]["token_logprobs"] = [float("nan")]  # the SDK's SSE decoder lets NaN through
+    with pytest.raises(InvalidResponse):
+        parse_completion(client.merge_completion_stream([chunk]), 1)
+
+
+def test_echo_allows_null_logprobs_but_not_nan():
+    data = {"choices": [{"text": "a b", "logprobs": {"tokens": ["a", " b"], "token_logprobs": [None, float("nan")],
+                                                      "top_logprobs": [None, {" b": -1.0}]}}],
+            "usage": {"prompt_tokens": 2}}
+    with pytest.raises(InvalidResponse):
+        parse_echo(data)
+
+
+def test_decode_json_refuses_what_json_does_not_have():
+    assert client.decode_json(b'{"a": -0.5, "b": [1, 2e3]}') == {"a": -0.5, "b": [1, 2000.0]}
+    for body in (b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": 1e999}', b"not json", b"\xff\xfe"):
+        with pytest.raises(InvalidResponse, match="malformed response"):
+            client.decode_json(body, "http://h/v1")
+
+
+@pytest.mark.parametrize("returned, ok", [("m", True), (None, True), ("", True), ("other", False),
+                                          ("m-2024-08-06", True), ("m-0613", True), ("m-large", False),
+                                          ("mm", False), (7, False)])
+def test_an_answer_must_come_from_the_requested_model(returned, ok):
+    data = {"model": returned} if returned is not None else {}
+    if ok:
+        client.check_model("m", data)
+    else:
+        with pytest.raises(InvalidResponse, match="not the requested 'm'"):
+            client.check_model("m", data)
+
+
+def test_invalid_response_is_a_final_failure_not_a_run_stopping_contract_error():
+    # the runner re-raises ServerContractError (stops the run, exit 4) and records anything else
+    assert not issubclass(InvalidResponse, ServerContractError)
+    info = classify(InvalidResponse("http://h/v1: logprob of token 3 is nan, not a finite number"))
+    assert not info.transient and info.message == "invalid response: http://h/v1: logprob of token 3 is nan, not a finite number"
+
+
+def _garbage_app(cap: int):
+    from aiohttp import web
+
+    good = json.dumps(_answer())
+
+    async def completions(request):
+        prompt = (await request.json())["prompt"]
+        if prompt == "nan":
+            return web.Response(text=good.replace("-0.5", "NaN", 1), content_type="application/json")
+        if prompt == "overflow":
+            return web.Response(text=good.replace("-0.5", "-1e999", 1), content_type="application/json")
+        if prompt == "other":
+            return web.json_response(_answer(model="someone-else"))
+        if prompt == "snapshot":
+            return web.json_response(_answer(model="m-2024-08-06"))
+        if prompt == "huge":  # declared by Content-Length
+            return web.Response(body=b" " * (cap + 1) + good.encode(), content_type="application/json")
+        if prompt == "huge-chunked":  # no length declared: cut off while reading
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            for _ in range(4):
+                await response.write(b" " * (cap // 2))
+            await response.write(good.encode())
+            return response
+        return web.json_response(_answer())
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/completions", completions), web.get("/v1/models", models)])
+    return app
+
+
+def test_transport_turns_garbage_into_invalid_responses(monkeypatch):
+    import asyncio
+
+    from aiohttp import web
+
+    cap = 1 << 20
+    monkeypatch.setattr(client, "MAX_RESPONSE_BYTES", cap)
+
+    async def main() -> dict[str, str]:
+        runner = web.AppRunner(_garbage_app(cap))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS picked
+        transport = client.Transport(f"http://127.0.0.1:{port}/v1", "EMPTY", timeout=10)
+        outcome: dict[str, str] = {}
+        try:
+            for prompt in ("ok", "snapshot", "nan", "overflow", "other", "huge", "huge-chunked", "ok"):
+                try:
+                    data = await transport.post_json("/completions", {"model": "m", "prompt": prompt})
+                    outcome[prompt] = parse_completion(data, 1).text
+                except Exception as exc:  # noqa: BLE001 - what the runner records
+                    info = classify(exc)
+                    assert not info.transient, info
+                    outcome[prompt] = info.message
+        finally:
+            await transport.aclose()
+            await runner.cleanup()
+        return outcome
+
+    out = asyncio.run(main())
+    assert out["ok"] == " x" and out["snapshot"] == " x"
+    assert "malformed response" in out["nan"] and "NaN is not a JSON number" in out["nan"]
+    assert "overflows to infinity" in out["overflow"]
+    assert "answered by model 'someone-else', not the requested 'm'" in out["other"]
+    assert "over 1 MiB (MAX_RESPONSE_BYTES)" in out["huge"] and "over 1 MiB" in out["huge-chunked"]
+    assert all(v.startswith("invalid response: ") for k, v in out.items() if k not in ("ok", "snapshot"))
+
+
+def test_a_run_records_garbage_as_failed_requests_and_keeps_going(tmp_path):
+    """End to end: `kvqual run` against a server that sends NaN, another model's answer and good ones."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from aiohttp import web
+
+    from kvtest import write_suite
+
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(_garbage_app(client.MAX_RESPONSE_BYTES))
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        write_suite(tmp_path / "s.jsonl", [{"id": p, "prompt": p} for p in ("ok", "nan", "overflow", "other")]
+                    + [{"id": f"ok{i}", "prompt": f"fine {i}"} for i in range(4)])
+        (tmp_path / "kvqual.toml").write_text(f'[run]\nmax_failed_rate = 1.0\nretries = 0\n[targets.g]\n'
+                                              f'base_url = "http://127.0.0.1:{port}/v1"\nmodel = "m"\n')
+        r = subprocess.run([sys.executable, "-m", "kvqual", "run", "g", "--suite", "s.jsonl"], cwd=tmp_path,
+                           env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=120)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+    assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr  # 4: a run with requests failed for good
+    samples = {s["id"]: s for s in map(json.loads, next((tmp_path / "results").glob("g-*/samples.jsonl")).open())}
+    assert len(samples) == 8
+    for garbage in ("nan", "overflow", "other"):
+        assert samples[garbage]["text"] is None and samples[garbage]["error"].startswith("invalid response: ")
+    assert all(samples[k]["error"] is None and samples[k]["text"] == " x" for k in ("ok", "ok0", "ok3"))
+    manifest = json.loads(next((tmp_path / "results").glob("g-*/manifest.json")).read_text())
+    assert manifest["counts"]["failed"] == 3 and manifest["counts"]["ok"] == 5
 
 
 # ---------------------------------------------------------------- secrets

@@ -4,6 +4,9 @@ Payloads are plain dicts and responses are parsed from the server's JSON, not fr
 pydantic models: fields that servers add (vLLM/SGLang token ids, prompt logprobs) stay
 visible, parsing is cheap, and every shape is tested by asserting on exact dicts.
 
+Garbage is not data: a body over `MAX_RESPONSE_BYTES`, a non-finite number (JSON has none), a
+missing or non-numeric logprob of a generated token, or an answer from another model than the
+one asked for raises `InvalidResponse` — one failed request with its reason, never an answer.
 Failure messages never carry a configured API key (`errors.redact`).
 """
 
@@ -11,7 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import json
+import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -19,10 +25,14 @@ from typing import Any, Mapping
 import httpx
 import openai
 
-from kvqual.errors import ServerContractError, redact, register_secret
+from kvqual.errors import InvalidResponse, ServerContractError, redact, register_secret
 from kvqual.records import GenerationParams, Item, TokenLogprobs
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids format
+# One response body (a stream: all its chunks) at most. vLLM's completions logprobs take ~230 bytes a
+# token at top-5 and ~750 at top-20, so this holds a 128K-token echo at top-5 or a 64K one at top-20;
+# a bigger body is a failed request, and is not read further (memory stays bounded at any concurrency).
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
 # ---------------------------------------------------------------- payloads (pure)
@@ -90,6 +100,43 @@ def echo_payload(prompt: str | list[int], model: str, top_logprobs: int) -> dict
 
 # ---------------------------------------------------------------- parsers (pure)
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:20]} overflows to infinity")
+    return value
+
+
+def decode_json(raw: bytes, server: str = "server") -> Any:
+    """A response body as JSON; NaN / Infinity (which Python's encoder writes and JSON does not
+    have) and numbers that overflow are `InvalidResponse`, as is a body that is not JSON."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InvalidResponse(f"{server}: malformed response: {redact(str(exc))[:200]}") from None
+
+
+# OpenAI's API answers a model alias with a dated snapshot: gpt-4o → gpt-4o-2024-08-06, gpt-4 → gpt-4-0613
+_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{4})")
+
+
+def check_model(requested: Any, data: Any, server: str = "server") -> None:
+    """The answer names the model that was asked for (or OpenAI's dated snapshot of it); another
+    model's answer is `InvalidResponse`. A body without `model` is taken at its word."""
+    returned = data.get("model") if isinstance(data, Mapping) else None
+    if not isinstance(requested, str) or not requested or returned in (None, ""):
+        return
+    if returned == requested or (isinstance(returned, str) and returned.startswith(requested)
+                                 and _SNAPSHOT.fullmatch(returned[len(requested):])):
+        return
+    raise InvalidResponse(f"{server}: answered by model {redact(str(returned))[:100]!r}, "
+                          f"not the requested {requested!r}")
+
+
 @dataclass(frozen=True)
 class Answer:
     text: str
@@ -144,8 +191,29 @@ def _with_choice_token_ids(lp: TokenLogprobs | None, choice: Mapping[str, Any]) 
     return dataclasses.replace(lp, token_ids=tuple(ids))
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_finite(lp: TokenLogprobs, server: str, nulls: bool = False) -> None:
+    """Every logprob (scored token and top-k) is a finite number — vLLM's -9999.0 for -inf is one;
+    NaN, ±inf, a string (or null, unless `nulls`) is `InvalidResponse`. Echo has nulls: the first
+    prompt token has no logprob, and `teacher.completion_slice` reports one inside the completion."""
+    ok = (lambda v: v is None or _is_number(v)) if nulls else _is_number
+    for i, value in enumerate(lp.token_logprobs):
+        if not ok(value):
+            raise InvalidResponse(f"{server}: logprob of token {i} is {value!r}, not a finite number")
+    for i, top in enumerate(lp.top_logprobs):
+        for value in top.values():
+            if not ok(value):
+                raise InvalidResponse(f"{server}: a top logprob of token {i} is {value!r}, not a finite number")
+
+
 def _check_logprobs(lp: TokenLogprobs | None, want: int, n_tokens: int | None, server: str) -> None:
-    """A server that silently drops logprobs must stop the run, never be scored as data."""
+    """A server that silently drops logprobs must stop the run, never be scored as data; one that
+    sends a non-finite logprob fails that request."""
+    if lp is not None:
+        check_finite(lp, server)
     if want <= 0:
         return
     if lp is None:
@@ -200,6 +268,7 @@ def parse_echo(data: Mapping[str, Any], server: str = "server") -> TokenLogprobs
     if lp is None or not lp.tokens:
         raise ServerContractError(f"{server}: echo returned no prompt logprobs (teacher forcing needs "
                                   "`echo` with `logprobs`; pass --no-teacher-forcing to skip it)")
+    check_finite(lp, server, nulls=True)
     if len(lp.token_logprobs) != len(lp.tokens) or (prompt_tokens is not None and len(lp.tokens) < prompt_tokens):
         raise ServerContractError(f"{server}: echo returned {len(lp.token_logprobs)} logprobs for "
                                   f"{prompt_tokens if prompt_tokens is not None else len(lp.tokens)} prompt tokens")
@@ -317,6 +386,8 @@ def classify(exc: BaseException) -> FailureInfo:
 
 
 def _classify(exc: BaseException) -> FailureInfo:
+    if isinstance(exc, InvalidResponse):
+        return FailureInfo(False, f"invalid response: {exc}")
     if isinstance(exc, openai.APITimeoutError):
         return FailureInfo(True, "timeout")
     if isinstance(exc, openai.APIConnectionError):
@@ -367,9 +438,16 @@ class Transport:
         )
 
     async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST `body` to `path` under the /v1 root; the parsed JSON, or an openai error."""
-        response = await self._client.post(path, body=body, cast_to=httpx.Response)
-        return response.json()
+        """POST `body` to `path` under the /v1 root; the parsed JSON, or an openai error, or
+        `InvalidResponse` (over `MAX_RESPONSE_BYTES`, not JSON, non-finite, another model's)."""
+        response = await self._client.post(path, body=body, cast_to=httpx.Response, stream=True)
+        try:
+            raw = await _read_capped(response, self.base_url)
+        finally:
+            await response.aclose()
+        data = decode_json(raw, self.base_url)
+        check_model(body.get("model"), data, self.base_url)
+        return data
 
     async def post_stream(self, path: str, body: Mapping[str, Any], chat: bool) -> tuple[list[dict[str, Any]], float | None, float | None]:
         """POST a streamed request; (chunks, seconds to the first token, seconds to the last token)."""
@@ -378,14 +456,21 @@ class Transport:
         chunks: list[dict[str, Any]] = []
         stream = await self._client.post(path, body=stream_payload(body), cast_to=object, stream=True,
                                          stream_cls=openai.AsyncStream[object])
-        async for chunk in stream:
-            if not isinstance(chunk, dict):
-                raise ValueError(f"stream chunk is not a JSON object: {str(chunk)[:100]}")
-            if chunk_has_content(chunk, chat):
-                last = time.perf_counter() - t0
-                first = last if first is None else first
-            chunks.append(chunk)
-        return chunks, first, last
+        try:
+            async for chunk in stream:
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"stream chunk is not a JSON object: {str(chunk)[:100]}")
+                if stream.response.num_bytes_downloaded > MAX_RESPONSE_BYTES:
+                    raise InvalidResponse(_too_big(self.base_url))
+                if not chunks:
+                    check_model(body.get("model"), chunk, self.base_url)
+                if chunk_has_content(chunk, chat):
+                    last = time.perf_counter() - t0
+                    first = last if first is None else first
+                chunks.append(chunk)
+        finally:
+            await stream.close()
+        return chunks, first, last  # the SDK decodes SSE events, NaN included: the parsers check logprobs
 
     async def get_json(self, path: str) -> Any:
         response = await self._client.get(path, cast_to=httpx.Response)
@@ -393,3 +478,31 @@ class Transport:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _too_big(server: str) -> str:
+    return f"{server}: response body over {MAX_RESPONSE_BYTES // 2**20} MiB (MAX_RESPONSE_BYTES); not read further"
+
+
+async def _read_capped(response: httpx.Response, server: str) -> bytes:
+    """The body, at most MAX_RESPONSE_BYTES of it (a bigger one is `InvalidResponse`). A body that
+    breaks off is a timeout or connection error, as the SDK reports it when it reads one itself."""
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
+        raise InvalidResponse(_too_big(server))
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for part in response.aiter_bytes():
+            size += len(part)
+            if size > MAX_RESPONSE_BYTES:
+                raise InvalidResponse(_too_big(server))
+            parts.append(part)
+    except InvalidResponse:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the transport's read errors (httpx2 under the SDK, aiohttp)
+        if any(cls.__name__ == "TimeoutException" for cls in type(exc).__mro__):
+            raise openai.APITimeoutError(request=response.request) from exc
+        raise openai.APIConnectionError(message=f"response broke off: {exc}", request=response.request) from exc
+    return b"".join(parts)
+

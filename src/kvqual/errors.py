@@ -9,7 +9,9 @@
     │   └── EchoDisagreement      its echo logprobs of its own output disagree   (exit 4; compare
     │                             keeps going without token criteria for it)
     └── InfrastructureError       a target unreachable, too many failed requests (exit 4)
-        └── LaunchError           a launched server did not come up / go down   (exit 4)
+        ├── LaunchError           a launched server did not come up / go down   (exit 4)
+        └── InvalidResponse       one answer is not data (non-finite logprob, over the size
+                                  cap, another model's): that request failed; the run goes on
 
 No message kvqual stores or prints carries a configured API key: `Target.api_key()` registers
 what it resolves (`register_secret`); failure messages (`client.classify`) and what the CLI
@@ -84,6 +86,15 @@ class EchoDisagreement(ServerContractError):
     def __init__(self, message: str, mean_abs: float, cause: str) -> None:
         super().__init__(message)
         self.mean_abs, self.cause = mean_abs, cause
+
+
+class InvalidResponse(InfrastructureError):
+    """A server answered one request with something that is not data: a non-finite logprob, a
+    body over the size cap, an answer from another model than the one asked for. Unlike a
+    `ServerContractError` it does not stop the run: the request is recorded as failed with this
+    reason (and counted in the failed rates); only if it escapes is it exit 4."""
+
+    exit_code = 4
 
 
 # ---------------------------------------------------------------- secrets in messages
