@@ -11,7 +11,6 @@ from typing import Callable
 
 from dataclasses import replace
 
-from kvqual.compare import session
 from kvqual.config import Config, load_config
 from kvqual.errors import UsageError
 from kvqual.options import overrides
@@ -63,6 +62,8 @@ def _out_dir(results_dir: str, base_run: str, cand_run: str, out: str | None) ->
 
 
 def _finish(report: dict, out_dir: Path) -> int:
+    from kvqual.compare import session
+
     paths = session.write_all(report, out_dir)
     print(session.console_summary(report))
     print(f"\nreports: {', '.join(str(p) for p in paths.values())}")
@@ -104,10 +105,14 @@ def _gate_flags(config: Config, args: argparse.Namespace) -> Config:
 
 def _plan(*folders: Path, policy) -> dict | None:
     """The look plan saved by the compare that wrote one of these folders' report.json."""
+    from kvqual.compare import session
+
     return next((p for p in (session.saved_plan(f, policy) for f in folders) if p is not None), None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from kvqual.compare import session
+
     a, b, aa = session.load_report_inputs(args.run_a, args.run_b, args.aa)
     config = _gate_flags(load_config(args.config), args)
     bm, cm = session.load_manifest(a), session.load_manifest(b)

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
-from kvqual.serve.kvcache import KV_CACHE_DTYPES, KV_FAULTS, check_kv_fault, resolve_kv_cache_dtype
+from kvqual.serve.dtypes import KV_CACHE_DTYPES, KV_FAULTS, check_kv_fault, resolve_kv_cache_dtype
 
 DEFAULT_PORT = 30000  # SGLang's default
 

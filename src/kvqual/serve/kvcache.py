@@ -33,42 +33,25 @@ buffers with headroom, usually only of the rows that move.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-KvCacheDtype = Literal["bf16", "fp8_e4m3", "fp8_e5m2"]
-KvScale = Literal["dynamic", "1.0"]
-KvFault = Literal["none", "ignore-scale-on-read", "drop-scale"]
+from kvqual.serve.dtypes import (  # noqa: F401 - re-exported: the names live without torch in dtypes.py
+    KV_CACHE_DTYPES,
+    KV_FAULTS,
+    STORAGE_BYTES,
+    KvCacheDtype,
+    KvFault,
+    KvScale,
+    check_kv_fault,
+    resolve_kv_cache_dtype,
+)
 
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
-KV_FAULTS: tuple[str, ...] = ("none", "ignore-scale-on-read", "drop-scale")
 FP8_DTYPES: dict[str, torch.dtype] = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
-STORAGE_BYTES: dict[str, int] = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 SPARE_ROWS = 8  # rows a rebuilt batch keeps free, so that joining requests copy only themselves
-
-
-def resolve_kv_cache_dtype(name: str) -> KvCacheDtype:
-    """Map a CLI/SGLang name to the stored dtype: `auto` is bf16, `fp8` is e4m3 (as SGLang/vLLM)."""
-    aliases = {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8_e4m3"}
-    resolved = aliases.get(name, name)
-    if resolved not in STORAGE_BYTES:
-        raise ValueError(f"unknown kv cache dtype {name!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
-    return resolved  # type: ignore[return-value]
-
-
-def check_kv_fault(kv_cache_dtype: KvCacheDtype, kv_fault: str) -> KvFault:
-    """A known fault, and only with an fp8 dtype (a bf16 cache has no scale to lose)."""
-    if kv_fault not in KV_FAULTS:
-        raise ValueError(f"unknown kv fault {kv_fault!r}; choose one of {', '.join(KV_FAULTS)}")
-    if kv_fault != "none" and kv_cache_dtype not in FP8_DTYPES:
-        raise ValueError(f"--kv-fault {kv_fault} needs an fp8 KV cache (--kv-cache-dtype fp8_e4m3 or fp8_e5m2), "
-                         f"not {kv_cache_dtype}")
-    return kv_fault  # type: ignore[return-value]
 
 
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
