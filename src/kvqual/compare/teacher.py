@@ -20,7 +20,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import IO, Any, Awaitable, Callable, Mapping
 
 import httpx
 
@@ -281,17 +281,43 @@ def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | N
 
 async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
                     out: Path) -> list[Forced]:
-    """Teacher-force every sample not already in `out` (JSONL), appending the new ones: a
-    sequential compare forces each round's items once, and an interrupted pass resumes."""
+    """Teacher-force every sample not already in `out` (JSONL), appending each result the moment it
+    completes (one flushed line), so an interrupted pass keeps what it scored and the next pass asks
+    only for the rest: a sequential compare forces each round's items once. Failed ones are asked
+    again. Returns the Forced of `samples`, in their order."""
     done = {k: f for k, f in load_forced(out).items() if not (f.reason or "").startswith(FAILED)}
     todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]  # failed ones are asked again
     if todo:
-        results = await asyncio.gather(*(forcer.force(items[(s.suite, s.id)], s) for s in todo))
-        with out.open("a", encoding="utf-8") as fh:
-            for f in results:
+        with _append_lines(out) as fh:
+            async def one(sample: Sample) -> None:
+                f = await forcer.force(items[(sample.suite, sample.id)], sample)
+                # no await between write and flush: on one event loop each line lands whole (single writer)
                 fh.write(dumps_line(f.to_json()))
-        done.update({(f.suite, f.id, f.repeat): f for f in results})
+                fh.flush()
+                done[(f.suite, f.id, f.repeat)] = f
+
+            tasks = [asyncio.ensure_future(one(s)) for s in todo]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:  # a contract error (or a cancel): stop the rest before the file closes
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
     return [done[s.key] for s in samples if s.key in done]
+
+
+def _append_lines(path: Path) -> IO[str]:
+    """`path` opened for appending JSONL; a torn last line (an interrupted pass) is ended first, so
+    the next line is not glued to it (load_forced skips the torn one)."""
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as fh:
+            fh.seek(-1, 2)
+            torn = fh.read(1) != b"\n"
+        if torn:
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write("\n")
+    return path.open("a", encoding="utf-8")
 
 
 def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_kind: int = ECHO_TRUST_ITEMS) -> list[Sample]:
