@@ -1,6 +1,7 @@
 """SIGTERM and SIGHUP stop kvqual as Ctrl-C does: launched servers stopped, port free, answers kept,
 exit 128 + the signal within seconds; `kvqual serve` itself shuts down promptly on SIGTERM."""
 
+import json
 import os
 import signal
 import subprocess
@@ -122,12 +123,15 @@ def test_kvqual_serve_exits_promptly_on_sigterm_with_a_generation_in_flight(tmp_
             except OSError:
                 assert proc.poll() is None, "kvqual serve exited while starting"
                 time.sleep(0.5)
-        body = b'{"prompt": "Tell me a very long story.", "max_tokens": 2000, "temperature": 0}'
+        counting = ", ".join(str(i) for i in range(1, 40))  # greedy decoding keeps counting: no early EOS
+        body = json.dumps({"prompt": counting + ",", "max_tokens": 2000, "temperature": 0}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
-        threading.Thread(target=lambda: _swallow(lambda: urllib.request.urlopen(request, timeout=120).read()),
-                         daemon=True).start()
-        time.sleep(3)  # the generation (~90 s at 22 tok/s) is running
+        finished = threading.Event()
+        threading.Thread(target=lambda: _swallow(lambda: urllib.request.urlopen(request, timeout=120).read(),
+                                                 finished), daemon=True).start()
+        time.sleep(3)
+        assert not finished.is_set(), "the request ended early: nothing was in flight"  # ~90 s at 22 tok/s
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -138,8 +142,10 @@ def test_kvqual_serve_exits_promptly_on_sigterm_with_a_generation_in_flight(tmp_
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _swallow(call) -> None:
+def _swallow(call, finished: threading.Event) -> None:
     try:
         call()
-    except OSError:
+    except OSError:  # the server failed it (500) or went away: what a stop signal should do
         pass
+    finally:
+        finished.set()
