@@ -65,3 +65,35 @@ def test_nothing_listening_is_unreachable_at_once():
         port = s.getsockname()[1]
     with pytest.raises(InfrastructureError, match="unreachable"):
         asyncio.run(describe(f"http://127.0.0.1:{port}/v1", "", timeout=0.3, patience=60))
+
+
+def test_a_key_in_server_info_is_never_kept():
+    """SGLang's /get_server_info lists its server args, `api_key` among them; what the probe keeps
+    (and the manifest stores) has every other field and never the key."""
+    async def go():
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+        async def info(_: web.Request) -> web.Response:
+            return web.json_response({"api_key": "sk-sglang-server-secret-0042", "admin_api_key": None,
+                                      "kv_cache_dtype": "fp8_e4m3", "mem_fraction_static": 0.85,
+                                      "max_total_num_tokens": 4096})
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/get_server_info", info)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            return await describe(f"http://127.0.0.1:{port}/v1", "", timeout=5)
+        finally:
+            await runner.cleanup()
+
+    got = asyncio.run(go())
+    assert "sk-sglang-server-secret-0042" not in repr(got)
+    assert got["server_info"]["api_key"] == "***" and got["server_info"]["admin_api_key"] is None
+    assert (got["engine"], got["kv_cache_dtype"], got["kv_capacity_tokens"]) == ("sglang", "fp8_e4m3", 4096)

@@ -275,10 +275,11 @@ def test_telemetry_maps_the_names_sglang_exports(fp8):
     assert used == {"prompt_tokens": "sglang:prompt_tokens_total",
                     "generation_tokens": "sglang:generation_tokens_total",
                     "kv_usage": "sglang:token_usage", "running": "sglang:num_running_reqs",
+                    "waiting": "sglang:num_queue_reqs",
                     "ttft": "sglang:time_to_first_token_seconds", "itl": "sglang:inter_token_latency_seconds"}
     assert parsed["sglang:num_running_reqs"] == [({"engine_type": "unified", "model_name": MODEL, "pp_rank": "0",
                                                   "tp_rank": "0"}, 0.0)]
-    assert set(snapshot(parsed)) == {"prompt_tokens", "generation_tokens", "kv_usage", "running", "ttft_sum",
+    assert set(snapshot(parsed)) == {"prompt_tokens", "generation_tokens", "kv_usage", "running", "waiting", "ttft_sum",
                                      "ttft_count", "itl_sum", "itl_count"}
 
 
@@ -356,3 +357,4 @@ def test_compare_on_sglang_forces_chat_and_completions_items_by_exact_ids(tmp_pa
     assert report["capacity"] == {"baseline": 1000, "candidate": 2000, "ratio": 2.0}
     kl = next(c for c in report["verdict"]["criteria"] if c["name"] == "kl_excess")
     assert kl["estimate"] is not None and kl["estimate"] > 0  # the candidate's noise is measured
+

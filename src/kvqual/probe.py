@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from kvqual.errors import InfrastructureError
+from kvqual.errors import InfrastructureError, redact, redact_json
 
 
 def server_root(base_url: str) -> str:
@@ -89,7 +89,7 @@ async def describe(base_url: str, api_key: str, timeout: float = 30.0, patience:
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
         response = await _models(client, f"{base_url.rstrip('/')}/models", timeout, patience or timeout)
         if response.status_code != 200:
-            raise InfrastructureError(f"{base_url}/models: HTTP {response.status_code}: {response.text[:200]}")
+            raise InfrastructureError(f"{base_url}/models: HTTP {response.status_code}: {redact(response.text)[:200]}")
         try:
             models = [m["id"] for m in response.json().get("data", [])]
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -100,7 +100,10 @@ async def describe(base_url: str, api_key: str, timeout: float = 30.0, patience:
             server_info = await _get(client, f"{root}/server_info")
         if server_info is not None:
             try:
-                info["server_info"] = server_info.json()
+                si = redact_json(server_info.json())
+                if isinstance(si, dict):  # SGLang's lists its server args, keys among them: never stored
+                    si = {k: ("***" if "api_key" in k and v else v) for k, v in si.items()}
+                info["server_info"] = si
             except ValueError:
                 pass
         metrics = await _get(client, f"{root}/metrics")

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from kvqual.client import TOKEN_ID_PREFIX, classify
+from kvqual.client import TOKEN_ID_PREFIX, classify, decode_json
 from kvqual.compare.teacher import FAILED, TeacherForcer
 from kvqual.errors import ServerContractError
 from kvqual.probe import server_root
@@ -112,14 +112,14 @@ class SglangForcer(TeacherForcer):
         async def post() -> Any:
             response = await http.post(url, json=body)
             response.raise_for_status()
-            return response.json()
+            return decode_json(response.content, self.base_url)  # NaN/Infinity refused, as for every answer
 
         try:
             data = await self._retrying(post)
         except ServerContractError:
             raise
-        except httpx.HTTPStatusError as exc:  # SGLang's reason is in the body ({"error": {"message": ...}})
-            return f"{FAILED}: HTTP {exc.response.status_code}: {exc.response.text[:300]}"
+        except httpx.HTTPStatusError as exc:  # "HTTP 4xx: body", with any key scrubbed before the cut
+            return f"{FAILED}: {classify(exc).message}"
         except Exception as exc:  # noqa: BLE001 - recorded as a failure with its reason
             return f"{FAILED}: {classify(exc).message}"
         return parse_scores(data, self.top_logprobs, self.base_url)
