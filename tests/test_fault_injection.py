@@ -266,8 +266,6 @@ def test_faults_beyond_the_retries_are_infrastructure(tmp_path, fake_server, pro
         assert err.strip().splitlines()[-1].startswith("kvqual: error: "), name
 
 
-@pytest.mark.xfail(strict=True, reason="session.teacher_force does not check the share of failed forcing requests: "
-                                       "every one failing for good reads INCONCLUSIVE (exit 3), not exit 4")
 def test_teacher_forcing_failing_beyond_the_retries_is_infrastructure(tmp_path, fake_server, proxy):
     rc, out, err = finish(beyond_the_retries(tmp_path, fake_server, proxy, "w", "cand", "--http503", "1.0",
                                              "--body", ECHO))
@@ -275,9 +273,6 @@ def test_teacher_forcing_failing_beyond_the_retries_is_infrastructure(tmp_path, 
     assert rc == 4, out + err
 
 
-@pytest.mark.xfail(strict=True, reason="probe.describe does not retry transient failures: one 503 or reset on "
-                                       "/v1/models stops the run (exit 4); one on /get_server_info or /metrics "
-                                       "silently drops the reported KV dtype and engine")
 def test_probe_retries_transient_faults(tmp_path, fake_server, proxy):
     base = fake_server("--kv-cache-dtype", "bf16", "--metrics")
     # seed 7: /v1/models answers at the 3rd ask (503, reset), /get_server_info at the 2nd, /metrics at the 3rd

@@ -5,6 +5,7 @@ vLLM's `vllm:cache_config_info` in Prometheus `/metrics`. Reads only; never chan
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 import time
@@ -51,22 +52,59 @@ def kv_dtype_from_metrics(metrics: dict[str, list[tuple[dict[str, str], float]]]
     return None
 
 
-async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
+PROBE_RETRIES = 5  # a 429/5xx answer or a dropped connection is asked again, like the runner's requests
+
+
+def _transient(response: httpx.Response) -> bool:
+    return response.status_code in (408, 429) or response.status_code >= 500
+
+
+async def _pause(attempt: int, response: httpx.Response | None = None) -> None:
+    """Doubling waits (0.25 s, 0.5 s, ... up to 8 s); a server's Retry-After is honoured as a floor."""
+    wait = min(8.0, 0.25 * 2 ** attempt)
     try:
-        response = await client.get(url)
-    except httpx.HTTPError:
-        return None
-    return response if response.status_code == 200 else None
+        wait = max(wait, float(response.headers.get("retry-after", 0))) if response is not None else wait
+    except ValueError:
+        pass
+    await asyncio.sleep(wait)
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
+    """GET an optional endpoint: its 200 answer, or None when the server does not offer it (any
+    other status, a refused connection). Transient failures are asked again a few times, so one
+    dropped connection does not silently lose what the server reports."""
+    for attempt in range(PROBE_RETRIES + 1):
+        try:
+            response = await client.get(url)
+        except httpx.ConnectError:
+            return None
+        except (httpx.TransportError, httpx.DecodingError):  # reset, timeout, body cut short
+            if attempt < PROBE_RETRIES:
+                await _pause(attempt)
+                continue
+            return None
+        except httpx.HTTPError:
+            return None
+        if _transient(response) and attempt < PROBE_RETRIES:
+            await _pause(attempt, response)
+            continue
+        return response if response.status_code == 200 else None
+    return None
 
 
 async def _models(client: httpx.AsyncClient, url: str, timeout: float, patience: float) -> httpx.Response:
     """GET /v1/models, waiting out a busy server: a server that serves one request at a time answers
     only between completions, so a read timeout is retried with a doubled timeout until `patience`
     seconds have passed. A refused connection is final at once: nothing listens there."""
-    started, wait = time.monotonic(), timeout
+    started, wait, attempt = time.monotonic(), timeout, 0
     while True:
         try:
-            return await client.get(url, timeout=wait)
+            response = await client.get(url, timeout=wait)
+            if _transient(response) and attempt < PROBE_RETRIES:  # overloaded, starting, rate-limited
+                await _pause(attempt, response)
+                attempt += 1
+                continue
+            return response
         except httpx.ConnectError as exc:
             raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
         except httpx.TimeoutException as exc:
@@ -77,6 +115,11 @@ async def _models(client: httpx.AsyncClient, url: str, timeout: float, patience:
             wait = min(wait * 2, patience - spent)
             print(f"kvqual: {url} did not answer in {spent:.0f} s (busy?); waiting up to {wait:.0f} s more",
                   file=sys.stderr, flush=True)
+        except (httpx.TransportError, httpx.DecodingError) as exc:  # reset, or the answer cut short
+            if attempt >= PROBE_RETRIES:
+                raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
+            await _pause(attempt)
+            attempt += 1
         except httpx.HTTPError as exc:
             raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
 

@@ -17,9 +17,9 @@ import numpy as np
 from kvqual import __version__
 from kvqual.compare import metrics as mx
 from kvqual.compare.sglang import SglangForcer
-from kvqual.compare.teacher import TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
+from kvqual.compare.teacher import FAILED, TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
 from kvqual.config import RunDefaults, Target
-from kvqual.errors import EchoDisagreement, KvqualError, MismatchError
+from kvqual.errors import EchoDisagreement, InfrastructureError, KvqualError, MismatchError
 from kvqual.gate import GatePolicy, decide
 from kvqual.records import Item, RunManifest
 from kvqual.store import load_manifest, load_samples, write_json_atomic
@@ -80,7 +80,13 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
         passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))]
         if again:  # both passes at once: the server batches them together
             passes.append(force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True)))
-        await asyncio.gather(*passes)
+        for forced in await asyncio.gather(*passes):
+            failed = [f for f in forced if (f.reason or "").startswith(FAILED)]
+            if forced and len(failed) / len(forced) > run.max_failed_rate:
+                raise InfrastructureError(
+                    f"{target.name}: teacher forcing: {len(failed)} of {len(forced)} requests failed "
+                    f"({len(failed) / len(forced):.1%} > max_failed_rate {run.max_failed_rate:.1%}; "
+                    f"{failed[0].reason}) — run the same command again to retry them")
         say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
              + (" twice (the second pass is the A/A floor)" if again else "")
              + f": {time.perf_counter() - started:.0f} s")

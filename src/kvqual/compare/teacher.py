@@ -25,7 +25,7 @@ from typing import IO, Any, Awaitable, Callable, Mapping
 import httpx
 
 from kvqual.client import Transport, backoff_delay, classify, echo_payload, parse_echo
-from kvqual.errors import EchoDisagreement, ServerContractError
+from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError
 from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
 
@@ -180,7 +180,10 @@ class TeacherForcer:
         data = await self._echo(full)
         if isinstance(data, Forced):
             return Forced(sample.suite, sample.id, sample.repeat, False, data.reason, None)
-        echo = parse_echo(data, self.base_url)
+        try:
+            echo = parse_echo(data, self.base_url)
+        except InvalidResponse as exc:  # one bad answer fails its item, never the compare
+            return Forced(sample.suite, sample.id, sample.repeat, False, f"{FAILED}: invalid response: {exc}", None)
         part, why = completion_slice(echo, len(prompt), sample.logprobs, end=len(full))
         return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part, "text")
 
@@ -201,7 +204,10 @@ class TeacherForcer:
         data = await self._echo(ids)
         if isinstance(data, Forced):
             return data.reason or FAILED
-        return parse_echo(data, self.base_url)
+        try:
+            return parse_echo(data, self.base_url)
+        except InvalidResponse as exc:
+            return f"{FAILED}: invalid response: {exc}"
 
     async def _force_ids(self, sample: Sample, prompt: list[int], completion: list[int]) -> Forced:
         """Score prompt ids + the generated ids as one token-id prompt; the completion is the
