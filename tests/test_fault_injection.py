@@ -82,6 +82,33 @@ def test_an_interrupted_forcing_pass_keeps_what_it_scored(tmp_path):
     assert sorted(load_forced(out)) == [("s", i, 0) for i in ids]  # the torn line did not swallow the next
 
 
+def test_two_passes_into_one_teacher_file_are_refused_not_interleaved(tmp_path):
+    """Two compares that reuse one baseline force into the same file: the second is refused (exit 2)
+    while the first holds it, and the first's lines are all there, once each."""
+    from kvqual.errors import UsageError
+
+    ids = [f"q{i}" for i in range(4)]
+    items = {("s", i): Item(id=i, suite="s", prompt=f"{i}?") for i in ids}
+    samples = [Sample(id=i, suite="s", repeat=0, text=" x", finish_reason="stop", completion_tokens=1, error=None)
+               for i in ids]
+    out = tmp_path / "teacher.jsonl"
+
+    async def both() -> None:
+        first = asyncio.ensure_future(force_all(StubForcer(hold={"q3"}), items, samples, out))
+        while len(load_forced(out)) < 3:
+            await asyncio.sleep(0.01)
+        with pytest.raises(UsageError, match="another kvqual process is teacher-forcing"):
+            await force_all(StubForcer(), items, samples, out)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    asyncio.run(both())
+    lines = [ln for ln in out.read_text().splitlines() if ln.strip()]
+    assert len(lines) == 3 and sorted(load_forced(out)) == [("s", i, 0) for i in ids[:3]]
+    assert [f.id for f in asyncio.run(force_all(StubForcer(), items, samples, out))] == ids  # freed with the pass
+
+
 # ---------------------------------------------------------------- the proxy and the runs through it
 
 class Proxy:

@@ -16,16 +16,19 @@ counts them. Results land in the baseline run's folder as `teacher-by-<scoring r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Awaitable, Callable, Mapping
+from typing import IO, Any, Awaitable, Callable, Iterator, Mapping
 
 import httpx
 
 from kvqual.client import Transport, backoff_delay, classify, echo_payload, parse_echo
-from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError
+from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError, UsageError
 from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
 
@@ -291,6 +294,28 @@ async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item]
     completes (one flushed line), so an interrupted pass keeps what it scored and the next pass asks
     only for the rest: a sequential compare forces each round's items once. Failed ones are asked
     again. Returns the Forced of `samples`, in their order."""
+    with _one_writer(out):
+        return await _force_all(forcer, items, samples, out)
+
+
+@contextlib.contextmanager
+def _one_writer(out: Path) -> Iterator[None]:
+    """An advisory lock on `out` (`<out>.lock`, freed when the process dies): two compares that reuse
+    one baseline never append to the same teacher-forcing file at once; the second is refused."""
+    fd = os.open(out.with_name(out.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{out}: another kvqual process is teacher-forcing into this file; wait for it "
+                             "to finish") from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor frees the lock
+
+
+async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
+                     out: Path) -> list[Forced]:
     done = {k: f for k, f in load_forced(out).items() if not (f.reason or "").startswith(FAILED)}
     todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]  # failed ones are asked again
     if todo:
