@@ -437,3 +437,27 @@ def test_no_file_under_results_holds_the_api_key_a_server_echoes(tmp_path, fake_
     # ... and no file kvqual wrote holds either key
     files = [p for p in (tmp_path / "results").rglob("*") if p.is_file()]
     assert files and not [p for p in files if secret.encode() in p.read_bytes() or openai_secret.encode() in p.read_bytes()]
+
+
+def test_a_reset_under_the_sdks_timeout_is_called_a_connection_error():
+    """openai's aiohttp transport raises APITimeoutError for every aiohttp connection error; the
+    stored reason names what happened (still retried)."""
+    import aiohttp
+
+    request = httpx.Request("POST", "http://x/v1/completions")
+    try:
+        try:
+            raise aiohttp.ClientOSError(104, "Connection reset by peer")
+        except aiohttp.ClientOSError as root:
+            raise openai.APITimeoutError(request=request) from root
+    except openai.APITimeoutError as exc:
+        reset = classify(exc)
+    assert reset.transient and reset.message.startswith("connection error: ClientOSError")
+    try:
+        try:
+            raise aiohttp.ServerTimeoutError("read timed out")
+        except aiohttp.ServerTimeoutError as root:
+            raise openai.APITimeoutError(request=request) from root
+    except openai.APITimeoutError as exc:
+        slow = classify(exc)
+    assert slow.transient and slow.message == "timeout"

@@ -385,11 +385,29 @@ def classify(exc: BaseException) -> FailureInfo:
     return dataclasses.replace(info, message=redact(info.message))
 
 
+def _connection_cause(exc: BaseException) -> BaseException | None:
+    """The aiohttp connection error (refused, reset, closed) under an SDK "timeout", or None when
+    it really timed out."""
+    import aiohttp
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc.__cause__ or exc.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (aiohttp.ServerTimeoutError, TimeoutError)):
+            return None
+        if isinstance(cause, aiohttp.ClientConnectionError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def _classify(exc: BaseException) -> FailureInfo:
     if isinstance(exc, InvalidResponse):
         return FailureInfo(False, f"invalid response: {exc}")
     if isinstance(exc, openai.APITimeoutError):
-        return FailureInfo(True, "timeout")
+        root = _connection_cause(exc)  # the SDK's aiohttp transport calls every connection error a timeout
+        return FailureInfo(True, f"connection error: {type(root).__name__}: {root}" if root is not None else "timeout")
     if isinstance(exc, openai.APIConnectionError):
         return FailureInfo(True, f"connection error: {exc.__cause__ or exc}")
     if isinstance(exc, openai.APIStatusError):
