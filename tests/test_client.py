@@ -461,3 +461,25 @@ def test_a_reset_under_the_sdks_timeout_is_called_a_connection_error():
     except openai.APITimeoutError as exc:
         slow = classify(exc)
     assert slow.transient and slow.message == "timeout"
+
+
+def test_streamed_token_ids_add_up_to_the_generated_ids():
+    """SGLang's (and vLLM's) `return_token_ids`, streamed: each chunk's token_ids are its new tokens;
+    merged, the answer's logprobs carry every id (what exact teacher forcing needs)."""
+    from kvqual.client import merge_chat_stream, merge_completion_stream
+
+    def entry(t):
+        return {"token": t, "logprob": -0.1, "top_logprobs": [{"token": t, "logprob": -0.1}]}
+
+    chat = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}]},
+            {"choices": [{"index": 0, "delta": {"content": "He"}, "token_ids": [17],
+                          "logprobs": {"content": [entry("He")]}}]},
+            {"choices": [{"index": 0, "delta": {"content": "llo"}, "token_ids": [42], "finish_reason": "stop",
+                          "logprobs": {"content": [entry("llo")]}}]},
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}]
+    answer = parse_chat(merge_chat_stream(chat), 1)
+    assert answer.text == "Hello" and answer.logprobs.token_ids == (17, 42) and answer.logprobs.tokens == ("He", "llo")
+    text = [{"choices": [{"index": 0, "text": " 4", "token_ids": [9],
+                          "logprobs": {"tokens": [" 4"], "token_logprobs": [-0.1], "top_logprobs": [{" 4": -0.1}]}}]},
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}]
+    assert parse_completion(merge_completion_stream(text), 1).logprobs.token_ids == (9,)

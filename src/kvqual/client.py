@@ -296,10 +296,12 @@ def merge_completion_stream(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
     text: list[str] = []
     lp: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     has_lp, has_offsets, finish = False, True, None
+    ids: list[int] | None = None
     for chunk in chunks:
         choice = _choice0(chunk)
         if choice is None:
             continue
+        ids = _more_ids(ids, choice)
         text.append(choice.get("text") or "")
         finish = choice.get("finish_reason") or finish
         part = choice.get("logprobs")
@@ -315,7 +317,17 @@ def merge_completion_stream(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
     if not has_offsets:
         lp.pop("text_offset")
     choice_out = {"index": 0, "text": "".join(text), "finish_reason": finish, "logprobs": lp if has_lp else None}
+    if ids is not None:
+        choice_out["token_ids"] = ids
     return {"choices": [choice_out], "usage": _usage_of(chunks)}
+
+
+def _more_ids(ids: list[int] | None, choice: Mapping[str, Any]) -> list[int] | None:
+    """`return_token_ids` when streamed (vLLM, SGLang): each chunk's `token_ids` holds its new tokens."""
+    part = choice.get("token_ids")
+    if isinstance(part, list):
+        return (ids or []) + part
+    return ids
 
 
 def merge_chat_stream(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -323,10 +335,12 @@ def merge_chat_stream(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
     text: list[str] = []
     content: list[Any] = []
     has_lp, finish = False, None
+    ids: list[int] | None = None
     for chunk in chunks:
         choice = _choice0(chunk)
         if choice is None:
             continue
+        ids = _more_ids(ids, choice)
         text.append((choice.get("delta") or {}).get("content") or "")
         finish = choice.get("finish_reason") or finish
         part = (choice.get("logprobs") or {}).get("content")
@@ -334,8 +348,11 @@ def merge_chat_stream(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
             has_lp = True
             content += part
     message = {"role": "assistant", "content": "".join(text)}
-    return {"choices": [{"index": 0, "message": message, "finish_reason": finish,
-                         "logprobs": {"content": content} if has_lp else None}], "usage": _usage_of(chunks)}
+    choice_out: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
+                                  "logprobs": {"content": content} if has_lp else None}
+    if ids is not None:
+        choice_out["token_ids"] = ids
+    return {"choices": [choice_out], "usage": _usage_of(chunks)}
 
 
 def chunk_has_content(chunk: Mapping[str, Any], chat: bool) -> bool:
