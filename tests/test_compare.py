@@ -222,3 +222,19 @@ def test_teacher_forcing_retries_transient_failures(tmp_path, fake_server):
     echoes = [v for k, v in cand.stats().items() if not k.endswith("A:")]
     # one failure and one retry each (3 for the items the echo trust check scored first)
     assert echoes and set(echoes) <= {2, 3} and echoes.count(2) >= 50
+
+
+def test_an_aa_folder_left_without_a_manifest_is_not_taken_for_the_replicate(tmp_path):
+    """A run killed between locking its folder and writing its manifest leaves `<run>-aa1…/.lock`
+    alone; `kvqual report` must find the real replicate, or none, never that folder."""
+    from kvqual.compare.session import find_aa
+
+    base = tmp_path / "bf16-abc"
+    base.mkdir()
+    (tmp_path / "bf16-abc-aa1-f0.25").mkdir()
+    (tmp_path / "bf16-abc-aa1-f0.25" / ".lock").write_text("123\n")
+    assert find_aa(base) is None
+    real = tmp_path / "bf16-abc-aa1-f0.5"
+    real.mkdir()
+    (real / "manifest.json").write_text("{}")
+    assert find_aa(base) == real

@@ -374,7 +374,9 @@ def console_summary(report: dict[str, Any]) -> str:
 
 def find_aa(base_dir: Path) -> Path | None:
     """The A/A replicate saved beside a baseline run, if any."""
-    candidates = sorted(base_dir.parent.glob(f"{base_dir.name}-aa1*"))
+    # a run killed between taking its folder's lock and writing its manifest leaves a folder with
+    # only `.lock` in it: not a replicate
+    candidates = sorted(p for p in base_dir.parent.glob(f"{base_dir.name}-aa1*") if (p / "manifest.json").is_file())
     return candidates[0] if candidates else None
 
 
