@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 
@@ -37,21 +37,26 @@ class FakeServer:
             self.proc.wait(timeout=10)
 
 
-def start_fake(*flags: str) -> FakeServer:
+S = TypeVar("S", bound=FakeServer)
+
+
+def start_fake(*flags: str, script: Path = FAKE, kind: type[S] = FakeServer) -> S:  # type: ignore[assignment]
+    """Start a fake server process (tests/fakeserver.py, or another `script` taking `--port`) and wait
+    until its /health answers."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), *flags],
+    proc = subprocess.Popen([sys.executable, str(script), "--port", str(port), *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-            return FakeServer(port, proc)
+            return kind(port, proc)
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"fake server exited with {proc.returncode}")
+                raise RuntimeError(f"{script.name} exited with {proc.returncode}")
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("fake server did not start")
+    raise RuntimeError(f"{script.name} did not start")
 
 
 def write_suite(path: Path, items: list[dict]) -> Path:

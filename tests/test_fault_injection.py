@@ -51,11 +51,17 @@ class StubForcer:
         return Forced(sample.suite, sample.id, sample.repeat, True, None, lp, "text")
 
 
-def test_an_interrupted_forcing_pass_keeps_what_it_scored(tmp_path):
-    ids = [f"q{i}" for i in range(6)]
+def _forcing_inputs(n: int) -> tuple[list[str], dict[tuple[str, str], Item], list[Sample]]:
+    """n completions items q0…q(n−1) and a one-token baseline answer for each."""
+    ids = [f"q{i}" for i in range(n)]
     items = {("s", i): Item(id=i, suite="s", prompt=f"{i}?") for i in ids}
     samples = [Sample(id=i, suite="s", repeat=0, text=" x", finish_reason="stop", completion_tokens=1, error=None)
                for i in ids]
+    return ids, items, samples
+
+
+def test_an_interrupted_forcing_pass_keeps_what_it_scored(tmp_path):
+    ids, items, samples = _forcing_inputs(6)
     out = tmp_path / "teacher.jsonl"
 
     async def interrupted() -> None:
@@ -87,10 +93,7 @@ def test_two_passes_into_one_teacher_file_are_refused_not_interleaved(tmp_path):
     while the first holds it, and the first's lines are all there, once each."""
     from kvqual.errors import UsageError
 
-    ids = [f"q{i}" for i in range(4)]
-    items = {("s", i): Item(id=i, suite="s", prompt=f"{i}?") for i in ids}
-    samples = [Sample(id=i, suite="s", repeat=0, text=" x", finish_reason="stop", completion_tokens=1, error=None)
-               for i in ids]
+    ids, items, samples = _forcing_inputs(4)
     out = tmp_path / "teacher.jsonl"
 
     async def both() -> None:

@@ -2,13 +2,26 @@
 time answers /v1/models only between completions; it is busy, not unreachable."""
 
 import asyncio
-import socket
 
 import pytest
 from aiohttp import web
 
+from kvtest import free_port
+
 from kvqual.errors import InfrastructureError
 from kvqual.probe import describe
+
+
+async def _serve(routes: dict[str, object]) -> tuple[web.AppRunner, str]:
+    """An aiohttp app with these GET routes on a free loopback port: (runner, its /v1 base URL)."""
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/v1"
 
 
 async def _busy_server(first_delay: float, every: bool = False):
@@ -22,15 +35,8 @@ async def _busy_server(first_delay: float, every: bool = False):
             await asyncio.sleep(first_delay)
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}/v1", calls
+    runner, url = await _serve({"/v1/models": models})
+    return runner, url, calls
 
 
 def test_a_busy_server_is_waited_for_not_called_unreachable(capsys):
@@ -60,11 +66,8 @@ def test_a_server_that_never_answers_is_an_infrastructure_fault_that_says_busy_o
 
 
 def test_nothing_listening_is_unreachable_at_once():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with pytest.raises(InfrastructureError, match="unreachable"):
-        asyncio.run(describe(f"http://127.0.0.1:{port}/v1", "", timeout=0.3, patience=60))
+        asyncio.run(describe(f"http://127.0.0.1:{free_port()}/v1", "", timeout=0.3, patience=60))
 
 
 def test_a_key_in_server_info_is_never_kept():
@@ -79,17 +82,9 @@ def test_a_key_in_server_info_is_never_kept():
                                       "kv_cache_dtype": "fp8_e4m3", "mem_fraction_static": 0.85,
                                       "max_total_num_tokens": 4096})
 
-        app = web.Application()
-        app.router.add_get("/v1/models", models)
-        app.router.add_get("/get_server_info", info)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runner, url = await _serve({"/v1/models": models, "/get_server_info": info})
         try:
-            return await describe(f"http://127.0.0.1:{port}/v1", "", timeout=5)
+            return await describe(url, "", timeout=5)
         finally:
             await runner.cleanup()
 

@@ -4,16 +4,15 @@ server on loopback (tests/fakesglang.py), which speaks SGLang's request and resp
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
+
+from kvtest import FakeServer, free_port, start_fake
 
 from kvqual.client import parse_echo, token_id_of
 from kvqual.compare.sglang import SglangForcer, parse_scores, score_payload
@@ -23,50 +22,26 @@ from kvqual.probe import describe, flush_cache, parse_prometheus
 from kvqual.records import Item, Sample, TokenLogprobs
 from kvqual.telemetry import FAMILIES, Scraper, snapshot, source_of
 
-FAKE = Path(__file__).with_name("fakesglang.py")
+FAKE_SGLANG = Path(__file__).with_name("fakesglang.py")
 MODEL = "fake-org/toy-sglang-model"
 PROMPT = "The capital of France is"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class FakeSglang(FakeServer):
+    """tests/fakesglang.py as a process; `post` calls its native endpoints."""
 
-
-class FakeSglang:
     def __init__(self, port: int, proc: subprocess.Popen) -> None:
-        self.port, self.proc = port, proc
+        super().__init__(port, proc)
         self.root = f"http://127.0.0.1:{port}"
-        self.base_url = f"{self.root}/v1"
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
         response = httpx.post(f"{self.root}{path}", json=body, timeout=10)
         response.raise_for_status()
         return response.json()
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
 
 def start_fake_sglang(*flags: str) -> FakeSglang:
-    """tests/kvtest.py's start_fake, for tests/fakesglang.py (SGLang answers /health with an empty 200)."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-            return FakeSglang(port, proc)
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"fake SGLang exited with {proc.returncode}")
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("fake SGLang did not start")
+    return start_fake(*flags, script=FAKE_SGLANG, kind=FakeSglang)
 
 
 def _server(*flags: str) -> Iterator[FakeSglang]:
@@ -185,7 +160,7 @@ def test_a_drifting_candidate_scores_the_baseline_tokens_with_its_own_logprobs(f
 
 
 def test_a_request_that_fails_for_good_is_a_failed_reason_not_logprobs():
-    reason = _force(f"http://127.0.0.1:{_free_port()}/v1", "score_ids", [1, 2, 3], retries=0)
+    reason = _force(f"http://127.0.0.1:{free_port()}/v1", "score_ids", [1, 2, 3], retries=0)
     assert isinstance(reason, str) and reason.startswith(FAILED) and "connection error" in reason
 
 
@@ -318,7 +293,7 @@ def test_flush_cache_empties_the_prefix_cache(plain):
 
 
 def test_flush_cache_is_false_when_nothing_answers():
-    assert asyncio.run(flush_cache(f"http://127.0.0.1:{_free_port()}/v1", "", timeout=2)) is False
+    assert asyncio.run(flush_cache(f"http://127.0.0.1:{free_port()}/v1", "", timeout=2)) is False
 
 
 # ---------------------------------------------------------------- (e) a whole compare on SGLang
