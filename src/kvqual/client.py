@@ -381,7 +381,8 @@ class FailureInfo:
     retry_after: float | None = None
 
 
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
+def retry_after_of(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds a Retry-After header (seconds or an HTTP date) asks to wait; None without one."""
     if not headers:
         return None
     value = headers.get("retry-after")
@@ -432,11 +433,11 @@ def _classify(exc: BaseException) -> FailureInfo:
         body = exc.response.text if exc.response is not None else ""
         transient = status in (408, 409, 429) or status >= 500
         return FailureInfo(transient, f"HTTP {status}: {_body_head(body)}",
-                           _retry_after(exc.response.headers if exc.response is not None else None))
+                           retry_after_of(exc.response.headers if exc.response is not None else None))
     if isinstance(exc, httpx.HTTPStatusError):  # raise_for_status() on a plain httpx request
         status = exc.response.status_code
         return FailureInfo(status in (408, 409, 429) or status >= 500, f"HTTP {status}: {_body_head(exc.response.text)}",
-                           _retry_after(exc.response.headers))
+                           retry_after_of(exc.response.headers))
     if isinstance(exc, (httpx.TimeoutException,)):
         return FailureInfo(True, "timeout")
     if isinstance(exc, (httpx.TransportError, ConnectionError)):

@@ -6,6 +6,7 @@ vLLM's `vllm:cache_config_info` in Prometheus `/metrics`. Reads only; never chan
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import sys
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from kvqual.client import backoff_delay, retry_after_of
 from kvqual.errors import InfrastructureError, redact, redact_json
 
 
@@ -59,14 +61,13 @@ def _transient(response: httpx.Response) -> bool:
     return response.status_code in (408, 429) or response.status_code >= 500
 
 
+_RNG = random.Random(0)
+
+
 async def _pause(attempt: int, response: httpx.Response | None = None) -> None:
-    """Doubling waits (0.25 s, 0.5 s, ... up to 8 s); a server's Retry-After is honoured as a floor."""
-    wait = min(8.0, 0.25 * 2 ** attempt)
-    try:
-        wait = max(wait, float(response.headers.get("retry-after", 0))) if response is not None else wait
-    except ValueError:
-        pass
-    await asyncio.sleep(wait)
+    """The runner's backoff (full jitter, from 0.25 s doubling up to 8 s); Retry-After as a floor."""
+    hint = retry_after_of(response.headers) if response is not None else None
+    await asyncio.sleep(backoff_delay(attempt, _RNG, base=0.25, cap=8.0, retry_after=hint))
 
 
 async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
@@ -188,7 +189,7 @@ def reported_kv_capacity(info: dict[str, Any]) -> int | None:
     if value is None and isinstance(si, dict):  # SGLang's per-rank states: memory_usage.token_capacity
         states = si.get("internal_states")
         first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-        value = first.get("max_total_num_tokens") or (first.get("memory_usage") or {}).get("token_capacity")
+        value = (first.get("memory_usage") or {}).get("token_capacity")
     if value is None:
         value = info.get("vllm_kv_capacity_tokens")
     try:

@@ -97,12 +97,6 @@ class SglangForcer(TeacherForcer):
     """TeacherForcer whose id scoring goes through SGLang's native /generate (the text path and
     prompt rendering are the base's)."""
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout,
-                                           headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
-        return self._http
-
     async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
         """Logprobs of every position of `ids` (position 0 None), tokens as ids; or why not (a request
         that failed for good). A malformed answer is a contract error, as in the base."""

@@ -124,10 +124,7 @@ class TeacherForcer:
 
     async def _tokenize(self, body: dict[str, Any]) -> list[int] | None:
         """vLLM's POST /tokenize → its `tokens` (ids); None when the server does not offer it."""
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout,
-                                           headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
-        http = self._http
+        http = self._client()
 
         async def post() -> httpx.Response:
             r = await http.post(f"{server_root(self.base_url)}/tokenize", json={"model": self.model, **body})
@@ -180,37 +177,40 @@ class TeacherForcer:
                           "token-id prompt, but the completion came back without token ids", None)
         prompt = item.prompt
         full = prompt + (sample.text or "")
-        data = await self._echo(full)
-        if isinstance(data, Forced):
-            return Forced(sample.suite, sample.id, sample.repeat, False, data.reason, None)
-        try:
-            echo = parse_echo(data, self.base_url)
-        except InvalidResponse as exc:  # one bad answer fails its item, never the compare
-            return Forced(sample.suite, sample.id, sample.repeat, False, f"{FAILED}: invalid response: {exc}", None)
+        echo = await self._echo(full)
+        if isinstance(echo, str):
+            return Forced(sample.suite, sample.id, sample.repeat, False, echo, None)
         part, why = completion_slice(echo, len(prompt), sample.logprobs, end=len(full))
         return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part, "text")
 
-    async def _echo(self, prompt: str | list[int]) -> dict[str, Any] | Forced:
+    async def _echo(self, prompt: str | list[int]) -> TokenLogprobs | str:
+        """Echo-score `prompt` on /v1/completions: its per-position logprobs, or why not (a request
+        that failed for good, or an answer that is not data: a string starting with FAILED, so the
+        next pass asks again)."""
         try:
-            return await self._retrying(lambda: self.transport.post_json(
+            data = await self._retrying(lambda: self.transport.post_json(
                 "/completions", echo_payload(prompt, self.model, self.top_logprobs)))
+            return parse_echo(data, self.base_url)
         except ServerContractError:
             raise
+        except InvalidResponse as exc:  # one bad answer fails its item, never the compare
+            return f"{FAILED}: invalid response: {exc}"
         except Exception as exc:  # noqa: BLE001 - recorded as a failure with its reason
-            return Forced("", "", 0, False, f"{FAILED}: {classify(exc).message}", None)
+            return f"{FAILED}: {classify(exc).message}"
 
     async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
         """Logprobs of every position of a token-id prompt (position 0 may be None), tokens as ids;
         or why not (a failed request). vLLM's way: `/v1/completions` with the ids as the prompt,
         `echo`, `logprobs` and `return_tokens_as_token_ids`. Engines with their own scoring
         endpoint override this (SGLang's native /generate)."""
-        data = await self._echo(ids)
-        if isinstance(data, Forced):
-            return data.reason or FAILED
-        try:
-            return parse_echo(data, self.base_url)
-        except InvalidResponse as exc:
-            return f"{FAILED}: invalid response: {exc}"
+        return await self._echo(ids)
+
+    def _client(self) -> httpx.AsyncClient:
+        """The plain HTTP client for engine-native endpoints (/tokenize, SGLang's /generate)."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self.timeout,
+                                           headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
+        return self._http
 
     async def _force_ids(self, sample: Sample, prompt: list[int], completion: list[int]) -> Forced:
         """Score prompt ids + the generated ids as one token-id prompt; the completion is the
