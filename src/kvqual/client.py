@@ -20,7 +20,7 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import httpx
 import openai
@@ -37,6 +37,12 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 # ---------------------------------------------------------------- payloads (pure)
 
+# what generation sends when the engine can give token ids back (exact teacher forcing)
+ASK_FOR_IDS = {
+    "return_tokens_as_token_ids": True,  # vLLM, kvqual serve: logprob tokens as "token_id:N"
+    "return_token_ids": True,  # SGLang (and vLLM ≥ 0.10): choices[0].token_ids beside text tokens
+}
+
 def completion_payload(item: Item, params: GenerationParams, model: str, repeat: int = 0) -> dict[str, Any]:
     """/v1/completions body for one item. Repeats > 0 shift the seed so samples differ."""
     body: dict[str, Any] = {
@@ -50,8 +56,7 @@ def completion_payload(item: Item, params: GenerationParams, model: str, repeat:
     if params.top_logprobs > 0:
         body["logprobs"] = params.top_logprobs
         if params.token_ids:
-            body["return_tokens_as_token_ids"] = True  # vLLM, kvqual serve: logprob tokens as "token_id:N"
-            body["return_token_ids"] = True  # SGLang (and vLLM ≥ 0.10): choices[0].token_ids beside text tokens
+            body.update(ASK_FOR_IDS)
     return body
 
 
@@ -69,8 +74,7 @@ def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int =
         body["logprobs"] = True
         body["top_logprobs"] = params.top_logprobs
         if params.token_ids:
-            body["return_tokens_as_token_ids"] = True  # vLLM, kvqual serve: logprob tokens as "token_id:N"
-            body["return_token_ids"] = True  # SGLang (and vLLM ≥ 0.10): choices[0].token_ids beside text tokens
+            body.update(ASK_FOR_IDS)
     return body
 
 
@@ -403,20 +407,27 @@ def classify(exc: BaseException) -> FailureInfo:
     return dataclasses.replace(info, message=redact(info.message))
 
 
+def causes(exc: BaseException, during: bool = False) -> Iterator[BaseException]:
+    """`exc` and what it was raised from (`during`: or raised while handling), outermost first — the
+    SDK and its transport chain their errors with `raise ... from` — each once."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        yield cause
+        cause = cause.__cause__ or (cause.__context__ if during else None)
+
+
 def _connection_cause(exc: BaseException) -> BaseException | None:
     """The aiohttp connection error (refused, reset, closed) under an SDK "timeout", or None when
     it really timed out."""
     import aiohttp
 
-    seen: set[int] = set()
-    cause: BaseException | None = exc.__cause__ or exc.__context__
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    for cause in list(causes(exc, during=True))[1:]:
         if isinstance(cause, (aiohttp.ServerTimeoutError, TimeoutError)):
             return None
         if isinstance(cause, aiohttp.ClientConnectionError):
             return cause
-        cause = cause.__cause__ or cause.__context__
     return None
 
 

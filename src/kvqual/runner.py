@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from kvqual import __version__
-from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, chat_payload, classify,
+from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, causes, chat_payload, classify,
                            completion_payload, inter_token_latency, merge_chat_stream, merge_completion_stream,
                            parse_chat, parse_completion)
 from kvqual.config import RunDefaults, Target
@@ -129,16 +129,12 @@ def closed_before_response(exc: BaseException) -> bool:
     reports as a timeout); on httpx, RemoteProtocolError "Server disconnected without sending a
     response". A refused connection (server down), a reset (what a crashed server's socket sends)
     or a close mid-body is a failure, not this."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:  # the SDK and the transport chain with `raise ... from`
-        seen.add(id(cause))
+    for cause in causes(exc):
         name = type(cause).__name__
         if name == "ServerDisconnectedError":
             return getattr(cause, "message", None) in (None, "Server disconnected")
         if name == "RemoteProtocolError":
             return "without sending a response" in str(cause)
-        cause = cause.__cause__
     return False
 
 
