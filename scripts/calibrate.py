@@ -992,14 +992,10 @@ def _bound_text(res: dict[str, Any], alpha: float, slack: float, level: float) -
                 f"{r1[(name, 'gpu', False)]:.3f} and {r1[(name, 'gpu', True)]:.3f} under GPU-like noise; at 500 items "
                 f"{_span(w500, list(w500))}.")
         if max(w124, *w500.values()) > lim:
-            hall = hasattr(cr, "skew_corrected")
             text += (f" **Above α** (limit {lim:.3f}). Not because of repeats; because of skew: the per-unit values are "
                      f"right-skewed (mean sample skewness {sk:.1f} on the deterministic server, where they are the "
-                     f"candidate's own per-item KL or top-1 loss over a floor of exactly 0), and a t bound on a "
-                     f"right-skewed mean is too short on its low side, the side that shows PASS"
-                     + ("; the gate's Hall skewness correction of the t statistic removes only part of that: it "
-                        "is second order, and it estimates the skewness from the same few clusters it corrects"
-                        if hall else "; the error shrinks only like 1/√n") + ".")
+                     f"candidate's own per-item KL or top-1 loss over a floor of exactly 0), and the gate's PASS-side "
+                     f"bound (the SE under the null, docs/statistics.md) still falls short of the tail there.")
             seq_worse = [nz for nz in ("det", "gpu") if r1[(name, nz, True)] - r1[(name, nz, False)]
                          > 2.5 * math.sqrt(2) * se(max(r1[(name, nz, False)], alpha), sims)]
             if seq_worse:

@@ -210,3 +210,30 @@ def test_hall_transform_is_inverted_exactly_and_corrects_toward_the_skew() -> No
     x = np.random.default_rng(3).lognormal(0, 1, 500)
     assert cluster_skewness(x) == pytest.approx(float(stats.skew(x, bias=False)))
     assert cluster_skewness(np.r_[x, x], np.r_[np.arange(500), np.arange(500)]) == pytest.approx(cluster_skewness(x))
+
+
+def test_null_scaled_z_takes_the_se_the_values_would_have_on_the_bound() -> None:
+    """Floor 0: the candidate rescaled to mean b has SD b·s/c̄, so z = (c̄ − b)/(b·s/(c̄·√n))."""
+    c = np.random.default_rng(5).lognormal(-3, 1, 60)
+    b = 0.08
+    s, n, mean = float(c.std(ddof=1)), c.size, float(c.mean())
+    assert st.null_scaled_z(c, np.zeros(n), b, hall=False) == pytest.approx((mean - b) / (b * s / (mean * math.sqrt(n))))
+    # right-skewed values whose mean sits below the bound: the null SE is the larger, the evidence weaker than t says
+    t = (mean - b) / (s / math.sqrt(n))
+    assert mean < b and st.null_scaled_z(c, np.zeros(n), b, hall=False) > t
+    # clusters: two copies of each unit are one unit, and the statistic is the unclustered one
+    twice = np.r_[c, c]
+    ids = np.r_[np.arange(n), np.arange(n)]
+    assert st.null_scaled_z(twice, np.zeros(2 * n), b, ids, hall=False) == pytest.approx(
+        st.null_scaled_z(c, np.zeros(n), b, hall=False))
+
+
+def test_null_scaled_upper_inverts_the_statistic() -> None:
+    rng = np.random.default_rng(6)
+    c, f = rng.gamma(0.8, 0.01, 80), rng.gamma(0.8, 0.004, 80)
+    for hall in (False, True):
+        high = st.null_scaled_upper(c, f, 0.05, 79, hall=hall)
+        assert high > float(c.mean() - f.mean())
+        assert st.null_scaled_z(c, f, high, hall=hall) == pytest.approx(-stats.t.isf(0.05, 79), abs=1e-6)
+    # too few, too spread values: no bound is ever shown, the upper bound is infinite
+    assert st.null_scaled_upper(np.r_[0.0, 0.0, 1.0], np.zeros(3), 0.01, 2, hall=False) == math.inf

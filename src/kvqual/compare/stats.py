@@ -281,6 +281,56 @@ def cluster_skewness(values: ArrayLike, clusters: ArrayLike | None = None) -> fl
     return float(stats.skew(means, bias=False))
 
 
+def null_scaled_z(cand: ArrayLike, floor: ArrayLike, bound: float, clusters: ArrayLike | None = None,
+                  hall: bool = True) -> float:
+    """Studentized excess mean(cand − floor) − bound with its SE taken **under the null**, for
+    nonnegative per-unit values from a scale family (mean KL, top-1 disagreement).
+
+    A t statistic on right-skewed values puts its PASS side too close: a sample that missed the
+    long tail has a low mean *and* a low SD, so the upper bound is short exactly when it is
+    wrong. Like the score (Wilson) interval for a proportion, this takes the SD the values would
+    have if the null were true: the candidate's values rescaled by (mean floor + bound) / mean
+    cand, so that their excess over the floor is exactly the bound, the SE the cluster-robust SE
+    of those paired differences. A sample whose mean is low because it missed the tail keeps its
+    coefficient of variation, so its SE under the null stays honest. `hall` passes the statistic
+    through Hall's skewness correction with the skewness of the rescaled differences.
+    scripts/skew_pass_side.py measures the choices (docs/statistics.md). Needs mean cand > 0."""
+    c, f = np.asarray(cand, dtype=float), np.asarray(floor, dtype=float)
+    mean_c = float(c.mean())
+    if mean_c <= 0:
+        raise ValueError("the candidate's values have no mass to rescale")
+    d0 = c * ((float(f.mean()) + bound) / mean_c) - f
+    g = _as_clusters(clusters, c.size)
+    n_g = int(g.max()) + 1
+    sums = np.bincount(g, weights=d0 - d0.mean(), minlength=n_g)
+    se0 = math.sqrt(n_g / (n_g - 1) * float(np.sum(sums**2)) / c.size**2)
+    diff = float(c.mean() - f.mean()) - bound
+    if se0 == 0:
+        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    z = diff / se0
+    return hall_transform(z, cluster_skewness(d0, clusters), n_g) if hall else z
+
+
+def null_scaled_upper(cand: ArrayLike, floor: ArrayLike, level: float, df: float,
+                      clusters: ArrayLike | None = None, hall: bool = True) -> float:
+    """The upper confidence bound that inverts `null_scaled_z`: the largest bound whose one-sided
+    test at `level` does not yet show the excess below it (inf where no bound does: a sample too
+    small or too spread for its coefficient of variation)."""
+    c, f = np.asarray(cand, dtype=float), np.asarray(floor, dtype=float)
+    est = float(c.mean() - f.mean())
+    q = float(stats.norm.isf(level) if math.isinf(df) else stats.t.isf(level, df))
+    gap = lambda b: null_scaled_z(c, f, b, clusters, hall) + q  # noqa: E731  > 0 above est, falls below 0 past the bound
+    scale = max(abs(est), float(np.abs(c).mean()), 1e-12)
+    low, high = max(est, 0.0), max(est, 0.0) + scale
+    if gap(low) < 0:
+        return low
+    for _ in range(60):
+        if gap(high) < 0:
+            return float(optimize.brentq(gap, low, high, xtol=scale * 1e-9))
+        low, high = high, high * 2
+    return math.inf
+
+
 def sample_size(var_d: float, distance: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Units needed for a one-sided test to show a bound `distance` away: (z_α+z_β)²·Var(d)/δ²."""
     if distance <= 0:

@@ -100,13 +100,17 @@ def _unit(clusters: np.ndarray | None, n_units: int) -> tuple[int, str]:
     return g, "items"
 
 
-def skew_corrected(name: str, bound: float, values: np.ndarray, clusters: np.ndarray | None, level: float,
-                   detail: str, m: int) -> Criterion:
-    """An at-most criterion on the mean of right-skewed per-unit values (KL, top-1 loss): the
-    cluster-robust t statistic passed through Hall's skewness correction before its t reference,
-    and the interval inverted through the same transform. Without it the upper bound of a mean of
-    lognormal-like values under-covers: the false PASS at the bound was ~9% instead of 5%
-    (docs/calibration.md)."""
+def skew_corrected(name: str, bound: float, cand: np.ndarray, floor: np.ndarray, clusters: np.ndarray | None,
+                   level: float, detail: str, m: int, hall_on_pass: bool) -> Criterion:
+    """An at-most criterion on the mean excess of nonnegative, right-skewed per-unit values (mean
+    KL, top-1 disagreement) over their A/A floor. A t bound on such a mean is short on its PASS
+    side, so each side gets its own statistic (docs/statistics.md, "Right-skewed token criteria"):
+    - FAIL side (the lower bound): the cluster-robust t statistic through Hall's skewness
+      correction; on right-skewed values it is, if anything, conservative there;
+    - PASS side (the upper bound): the SE taken under the null (`stats.null_scaled_z`), with
+      Hall's correction on top where `hall_on_pass` (KL; top-1 disagreement is a share of
+      tokens, and the null SE alone holds it at α: Hall on top halves its power)."""
+    values = cand - floor
     cl = None if clusters is None else clusters.astype(str)
     g, unit = _unit(clusters, values.size)
     est = float(values.mean())
@@ -120,7 +124,13 @@ def skew_corrected(name: str, bound: float, values: np.ndarray, clusters: np.nda
     q = _quantile(level, df)
     low = est - se * st.hall_inverse(q, skew, g)
     high = est - se * st.hall_inverse(-q, skew, g)
-    detail += f"; skewness {skew:.2f} (Hall-corrected t)" if skew else ""
+    if se > 0 and cand.mean() > 0:
+        p_pass = _cdf(st.null_scaled_z(cand, floor, bound, cl, hall_on_pass), df)
+        high = st.null_scaled_upper(cand, floor, level, df, cl, hall_on_pass)
+        detail += f"; skewness {skew:.2f}: upper bound on the SE under the null" + \
+            (", Hall-corrected" if hall_on_pass else "")
+    elif skew:
+        detail += f"; skewness {skew:.2f} (Hall-corrected t)"
     return Criterion(name, None, "inconclusive", "at_most", None, bound, est, low, high, 1 - 2 * level, p_pass, p_fail,
                      None, g, _n_more(est, se * math.sqrt(g), g, bound, est < bound, level, m), detail, "primary",
                      unit, level)
@@ -372,7 +382,8 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
             crit = _bootstrap_at_most(name, values, tp.clusters, bound, policy.bootstrap_resamples, level, rng,
                                       detail, m)
         else:
-            crit = skew_corrected(name, bound, values, tp.clusters, level, detail, m)
+            cand, flr_share = (tp.kl_cand, tp.kl_floor) if name == "kl_excess" else (1 - tp.top1_cand, 1 - tp.top1_floor)
+            crit = skew_corrected(name, bound, cand, flr_share, tp.clusters, level, detail, m, name == "kl_excess")
         if short:  # shown, but never decided on a fraction of the pairs
             crit = dataclasses.replace(crit, p_pass=None, p_fail=None, detail=f"{short}; {crit.detail}")
         out.append(crit)
