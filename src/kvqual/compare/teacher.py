@@ -23,7 +23,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Awaitable, Callable, Iterator, Mapping
+from typing import IO, Any, Awaitable, Callable, Iterable, Iterator, Mapping
 
 import httpx
 
@@ -349,6 +349,13 @@ def _append_lines(path: Path) -> IO[str]:
             with path.open("a", encoding="utf-8") as fh:
                 fh.write("\n")
     return path.open("a", encoding="utf-8")
+
+
+def save_forced(path: Path, forced: Iterable[Forced]) -> None:
+    """Append teacher-forced records to a teacher file (what a forcing pass writes as it goes)."""
+    with _append_lines(path) as fh:
+        for f in forced:
+            fh.write(dumps_line(f.to_json()))
 
 
 def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_kind: int = ECHO_TRUST_ITEMS) -> list[Sample]:
