@@ -6,6 +6,8 @@ Answers are deterministic functions of the prompt, so tests can predict them:
 - a prompt containing `[[answer=X]]` is answered `X` (or `wrong` for a hash-chosen share
   `--wrong-rate` of prompts); any other prompt is answered `ok <last word>`;
 - `--length-factor F` repeats the answer's words F times (a "much longer" candidate);
+- `--answer-tokens N` cycles the answer's words to exactly N tokens (a long answer of known size:
+  the runner benchmark asks for 256 tokens at top-5, and gets them);
 - prompts containing `flaky` fail with 503 on their first two attempts, `ratelimit` with 429
   and Retry-After on the first, `broken` always with 500, `badrequest` with 400;
 - `--no-logprobs` silently drops logprobs (a server that breaks the contract);
@@ -123,6 +125,9 @@ class Fake:
             text = f"ok {words[-1] if words else ''}"
         if self.args.length_factor > 1:
             text = " ".join([text] * self.args.length_factor)
+        if self.args.answer_tokens:
+            words = tokenize(" " + text)
+            return "".join(words[i % len(words)] for i in range(self.args.answer_tokens))
         return " " + text  # a leading space: completions tokenize apart from the prompt
 
     def logprob(self, context: str, token: str) -> float:
@@ -296,6 +301,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="fake-model")
     p.add_argument("--wrong-rate", type=float, default=0.0)
     p.add_argument("--length-factor", type=int, default=1)
+    p.add_argument("--answer-tokens", type=int, default=0)
     p.add_argument("--logprob-noise", type=float, default=0.0)
     p.add_argument("--no-logprobs", action="store_true")
     p.add_argument("--echo-shift", action="store_true")
