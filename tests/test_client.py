@@ -252,6 +252,32 @@ def test_echo_allows_null_logprobs_but_not_nan():
         parse_echo(data)
 
 
+def test_the_bulk_finite_check_passes_and_names_what_the_one_by_one_check_does():
+    from kvqual.records import TokenLogprobs
+
+    def lp(values, tops=None):
+        return TokenLogprobs(tokens=("a",) * len(values), token_logprobs=tuple(values),
+                             top_logprobs=tuple(tops if tops is not None else ({"a": v} for v in values)))
+
+    class Float(float):
+        pass
+
+    client.check_finite(lp([1e308] * 4), "s")  # finite, though their sum overflows
+    client.check_finite(lp([-1, Float(-0.5), -9999.0]), "s")  # an int, a float subclass: numbers
+    client.check_finite(lp([None, -0.5], [{}, {"a": None, "b": -1.0}]), "s", nulls=True)
+    tops = [{"a": -0.5, "b": -1.5}] * 300
+    tops[217] = {"a": -0.5, "b": float("-inf")}
+    with pytest.raises(InvalidResponse, match="^s: a top logprob of token 217 is -inf, not a finite number$"):
+        client.check_finite(lp([-0.5] * 300, tops), "s")
+    for bad, shown in ((float("inf"), "inf"), (float("nan"), "nan"), (False, "False"), (None, "None"), ("-1", "'-1'")):
+        with pytest.raises(InvalidResponse, match=f"^s: logprob of token 2 is {shown}, not a finite number$"):
+            client.check_finite(lp([-0.5, -0.5, bad, -0.5]), "s")
+    with pytest.raises(InvalidResponse, match="token 1 is inf"):  # inf and -inf: a NaN sum; the loop names the first
+        client.check_finite(lp([-0.5, float("inf"), float("-inf")]), "s")
+    with pytest.raises(OverflowError):  # an int too big for a float fails as it always did
+        client.check_finite(lp([-0.5, 10**400]), "s")
+
+
 def test_decode_json_refuses_what_json_does_not_have():
     assert client.decode_json(b'{"a": -0.5, "b": [1, 2e3]}') == {"a": -0.5, "b": [1, 2000.0]}
     for body in (b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": 1e999}', b"not json", b"\xff\xfe"):
