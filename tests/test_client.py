@@ -465,6 +465,22 @@ def test_no_file_under_results_holds_the_api_key_a_server_echoes(tmp_path, fake_
     assert files and not [p for p in files if secret.encode() in p.read_bytes() or openai_secret.encode() in p.read_bytes()]
 
 
+def test_only_a_plain_http_target_skips_the_ca_bundle():
+    import asyncio
+    import ssl
+
+    async def context_of(url: str) -> ssl.SSLContext:
+        transport = client.Transport(url, "", timeout=5)
+        try:
+            return transport._client._client._transport.ssl_context  # noqa: SLF001 - the SDK's aiohttp transport
+        finally:
+            await transport.aclose()
+
+    https = asyncio.run(context_of("https://example.invalid/v1"))
+    assert https.verify_mode == ssl.CERT_REQUIRED and https.check_hostname  # TLS targets are verified as ever
+    assert asyncio.run(context_of("HTTP://127.0.0.1:9/v1")).verify_mode == ssl.CERT_NONE  # never used: no TLS
+
+
 def test_a_reset_under_the_sdks_timeout_is_called_a_connection_error():
     """openai's aiohttp transport raises APITimeoutError for every aiohttp connection error; the
     stored reason names what happened (still retried)."""

@@ -502,9 +502,12 @@ class Transport:
     def __init__(self, base_url: str, api_key: str, timeout: float) -> None:
         self.base_url = base_url.rstrip("/")
         register_secret(api_key)  # whatever this client sends is scrubbed from failure messages
+        # A plain-http server is never spoken TLS to (requests go under base_url; no redirect is
+        # followed), so its client skips loading the CA bundle: ~90 ms of CPU every Transport.
+        plain_http = self.base_url.lower().startswith("http://")
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0,
-            http_client=openai.DefaultAioHttpClient(timeout=timeout),
+            http_client=openai.DefaultAioHttpClient(timeout=timeout, verify=not plain_http),
         )
 
     async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
