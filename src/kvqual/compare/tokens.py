@@ -187,6 +187,9 @@ def _codes(seq: Sequence[Hashable] | str) -> np.ndarray:
     return np.array([table.setdefault(t, len(table)) for t in seq], dtype=np.int64)
 
 
+TAIL = 16  # positions the vectorized pre-check of `repetition_loop` compares for every period at once
+
+
 def repetition_loop(
     seq: Sequence[Hashable] | str,
     max_period: int = 64,
@@ -197,7 +200,22 @@ def repetition_loop(
     times over ≥ min_span units (defaults in tokens; see docs/statistics.md for the rule)."""
     a = _codes(seq)
     n = a.size
-    for period in range(1, min(max_period, n // 2) + 1):
+    periods = np.arange(1, min(max_period, n // 2) + 1)
+    # a loop of period p needs the last need(p) positions equal to those p before them:
+    # span = run + p ≥ min_span and span / p ≥ min_repeats. Checked cheapest first: one
+    # vectorized look at the last position over every period, then the survivors' tails.
+    need = np.maximum(min_span - periods, (min_repeats - 1) * periods)
+    possible = need <= n - periods
+    if n and possible.any():  # the last TAIL positions (or need(p), if fewer) against p before them, all periods at once
+        tail = min(TAIL, n)
+        cols = np.arange(n - tail, n)
+        idx = cols[None, :] - periods[:, None]
+        eq = a[np.maximum(idx, 0)] == a[cols][None, :]
+        checked = cols[None, :] >= n - np.minimum(need, tail)[:, None]
+        possible &= ~(checked & ~eq).any(axis=1)
+    for period, k in zip(periods[possible].tolist(), need[possible].tolist()):
+        if k > 0 and not np.array_equal(a[n - k:], a[n - k - period:n - period]):
+            continue
         same = a[period:] == a[:-period]
         mismatches = np.flatnonzero(~same)
         run = same.size if mismatches.size == 0 else same.size - 1 - int(mismatches[-1])
