@@ -21,9 +21,11 @@ import os
 import shutil
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
+from kvqual import tokenstore
 from kvqual.errors import KvqualError, UsageError
 from kvqual.records import RunManifest, Sample, dumps_line
 
@@ -31,6 +33,7 @@ MANIFEST = "manifest.json"
 SAMPLES = "samples.jsonl"
 RETRIED = "retried.jsonl"
 LOCK = ".lock"
+TOKEN_DATA = "token_data"  # a samples.jsonl line whose logprobs are a row of samples.tokens.arrow (tokenstore.py)
 
 Key = tuple[str, str, int]
 
@@ -65,12 +68,24 @@ def iter_sample_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]
             yield lineno, obj if isinstance(obj, dict) else None
 
 
-def load_samples(run_dir: str | Path) -> dict[Key, Sample]:
-    """Every sample of a run by key; a later line for a key replaces an earlier one."""
+def sample_line(sample: Sample) -> str:
+    """The samples.jsonl line of a sample whose logprobs go to the token file."""
+    if sample.logprobs is None:
+        return dumps_line(sample.to_json())
+    return dumps_line({**replace(sample, logprobs=None).to_json(), TOKEN_DATA: True})
+
+
+def load_samples(run_dir: str | Path, logprobs: Literal["all", "tokens", "inline"] = "all") -> dict[Key, Sample]:
+    """Every sample of a run by key; a later line for a key replaces an earlier one. `logprobs`:
+    what of the token file to attach ("tokens": the tokens and their logprobs without the top-k
+    alternatives; "inline": nothing, for the judge, which reads the token file as arrays: only
+    lines from before the token files keep the logprobs they carry). Runs written before the
+    token file (logprobs inline in the JSONL) read the same."""
     path = Path(run_dir) / SAMPLES
     if not path.is_file():
         raise KvqualError(f"{run_dir}: not a kvqual run folder (no {SAMPLES})")
     out: dict[Key, Sample] = {}
+    stored: set[Key] = set()
     for lineno, obj in iter_sample_lines(path):
         if obj is None:
             continue  # torn line from a killed run; the item was not answered
@@ -79,6 +94,17 @@ def load_samples(run_dir: str | Path) -> dict[Key, Sample]:
         except (TypeError, KeyError) as exc:
             raise KvqualError(f"{path}:{lineno}: not a kvqual sample: {exc}") from None
         out[sample.key] = sample
+        if obj.get(TOKEN_DATA):
+            stored.add(sample.key)
+        else:
+            stored.discard(sample.key)
+    if stored and logprobs != "inline":
+        rows = tokenstore.load_logprobs(tokenstore.tokens_path(path), top_k=logprobs == "all")
+        for key in stored:
+            if key in rows:
+                out[key] = replace(out[key], logprobs=rows[key])
+            else:  # a line whose row is not there: not an answer (the row is written first)
+                del out[key]
     return out
 
 
@@ -172,6 +198,7 @@ class RunStore:
         self.manifest = manifest
         self.done: set[Key] = set()  # keys answered successfully (keys only: constant memory per sample)
         self._fh = None
+        self._tokens: tokenstore.TokenFile | None = None
         self._lock = lock
 
     @classmethod
@@ -195,6 +222,8 @@ class RunStore:
                 if previous is not None:
                     store.manifest = _resumed(manifest, previous)
                 store._compact(samples)
+            done = store.done
+            store._tokens = tokenstore.TokenFile.open(tokenstore.tokens_path(samples), keep=lambda k: k in done)
             store._fh = samples.open("a", encoding="utf-8")
             store.write_manifest()
         except BaseException:
@@ -205,9 +234,12 @@ class RunStore:
     def _compact(self, samples: Path) -> None:
         kept: dict[Key, str] = {}
         failed: list[str] = []
+        rows = set(tokenstore.keys_of(tokenstore.read_table(tokenstore.tokens_path(samples), ["suite", "id", "repeat"])))
         for _, obj in iter_sample_lines(samples):
             if obj is None:
                 continue
+            if obj.get(TOKEN_DATA) and (obj.get("suite"), obj.get("id"), obj.get("repeat")) not in rows:
+                continue  # its token row was never written: not an answer
             line = dumps_line(obj)
             key = (obj.get("suite"), obj.get("id"), obj.get("repeat"))
             if obj.get("error") is None:
@@ -226,8 +258,11 @@ class RunStore:
         self.done = set(kept)
 
     def append(self, sample: Sample) -> None:
-        assert self._fh is not None
-        self._fh.write(dumps_line(sample.to_json()))
+        """The token row first, then the line: a line on disk always has its row."""
+        assert self._fh is not None and self._tokens is not None
+        if sample.logprobs is not None:
+            self._tokens.append(sample.key, sample.logprobs)
+        self._fh.write(sample_line(sample))
         self._fh.flush()
         if sample.ok:
             self.done.add(sample.key)
@@ -240,6 +275,9 @@ class RunStore:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        if self._tokens is not None:
+            self._tokens.close()
+            self._tokens = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -24,7 +24,6 @@ from typing import Any
 
 from kvqual.compare import metrics as mx
 from kvqual.compare import session
-from kvqual.compare.teacher import load_forced
 from kvqual.config import Config, RunDefaults, Target
 from kvqual.gate import look_sizes
 from kvqual.records import RunManifest
@@ -134,13 +133,13 @@ class Compare:
 
     def _floor_reproduced(self, bm: RunManifest) -> bool:
         base_dir = self.root / bm.run_id
-        again = load_forced(session.teacher_file(base_dir, bm.run_id, True))
-        return mx.floor_reproduced(load_forced(session.teacher_file(base_dir, bm.run_id)), again) \
-            and len(again) >= mx.MIN_REPRODUCED
+        again = session.forcing_of(session.teacher_file(base_dir, bm.run_id, True))
+        return mx.floor_reproduced(session.forcing_of(session.teacher_file(base_dir, bm.run_id)), again) \
+            and len(again.records) >= mx.MIN_REPRODUCED
 
     def _spent(self) -> None:
         """Generated tokens so far, every arm and the A/A replicate together (the token budget)."""
-        self.tokens_spent = sum(sum(s.completion_tokens or 0 for s in load_samples(self.root / m.run_id).values())
+        self.tokens_spent = sum(sum(s.completion_tokens or 0 for s in load_samples(self.root / m.run_id, "inline").values())
                                 for m in (self.state.bm, self.state.am, self.state.cm) if m is not None)
 
     # ------------------------------------------------------------ judging and budgets

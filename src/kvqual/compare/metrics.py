@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kvqual.compare import positions as pos
 from kvqual.compare import stats as st
 from kvqual.compare import tokens as tk
 from kvqual.compare.teacher import Forced
@@ -27,9 +28,27 @@ OVERALL = "overall"
 
 
 @dataclass(frozen=True)
+class Forcing:
+    """One teacher-forcing pass of the baseline's completions: the records (aligned, reason,
+    method) and their per-token data as arrays (from the token file, or from the records'
+    logprobs when they carry them: runs from before the token files)."""
+
+    records: Mapping[Key, Forced]
+    arrays: pos.TokenArrays
+
+    @classmethod
+    def of(cls, records: Mapping[Key, Forced], arrays: pos.TokenArrays | None = None) -> "Forcing":
+        return cls(records, arrays if arrays is not None else pos.from_logprobs(records))
+
+
+NO_FORCING = Forcing({}, pos.from_logprobs({}))
+
+
+@dataclass(frozen=True)
 class Arm:
     samples: Mapping[Key, Sample]
-    forced: Mapping[Key, Forced]  # teacher-forced baseline completions, scored by this arm
+    forced: Forcing = NO_FORCING  # the baseline's completions teacher-forced on this arm's server
+    tokens: pos.TokenArrays | None = None  # the samples' generated tokens as codes (else their logprobs)
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -57,13 +76,16 @@ def task_metrics(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any] | None:
     }
 
 
-def _seqs(a: Sample, b: Sample) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Both outputs as token sequences where both came in the same form (both as ids or both as
-    strings), else as characters: an id and a string never compare equal."""
+def divergence(a: Sample, b: Sample, ta: pos.TokenArrays | None = None, tb: pos.TokenArrays | None = None) -> int | None:
+    """First differing token of two outputs, on their token codes where both arms have them,
+    else on their tokens where both came in the same form (both as ids or both as strings),
+    else on characters: an id and a string never compare equal."""
+    if ta is not None and tb is not None and a.key in ta.index and b.key in tb.index:
+        return pos.first_divergence(ta.tokens_of(a.key), tb.tokens_of(b.key))
     la, lb = a.logprobs, b.logprobs
     if la is not None and lb is not None and (la.token_ids is None) == (lb.token_ids is None):
-        return la.tokens, lb.tokens
-    return tuple(a.text or ""), tuple(b.text or "")
+        return tk.first_divergence(la.tokens, lb.tokens)
+    return tk.first_divergence(a.text or "", b.text or "")
 
 
 def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
@@ -73,12 +95,14 @@ def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
 
 
 def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key, bool] | None = None,
-                       loops_b: Mapping[Key, bool] | None = None) -> dict[str, Any] | None:
+                       loops_b: Mapping[Key, bool] | None = None,
+                       div: list[int | None] | None = None) -> dict[str, Any] | None:
+    """`div`: the pairs' first divergences, where the caller has them already."""
     if not pairs:
         return None
     lb = np.array([a.completion_tokens or 0 for a, _ in pairs], dtype=float)
     lc = np.array([b.completion_tokens or 0 for _, b in pairs], dtype=float)
-    div = [tk.first_divergence(*_seqs(a, b)) for a, b in pairs]
+    div = div if div is not None else [divergence(a, b) for a, b in pairs]
     diverged = [d for d in div if d is not None]
     out: dict[str, Any] = {
         "n": len(pairs),
@@ -105,32 +129,39 @@ def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key,
     return out
 
 
-def forced_positions(ref: Forced, other: Forced) -> list[tk.PositionMetrics] | None:
-    """Position metrics KL(ref‖other) over the same completion tokens, or None if unusable."""
-    if not (ref.aligned and other.aligned and ref.logprobs and other.logprobs):
-        return None
-    a, b = ref.logprobs, other.logprobs
-    if a.tokens != b.tokens:
-        return None
-    return [tk.position_metrics(ta, tb, la, lb)
-            for ta, tb, la, lb in zip(a.top_logprobs, b.top_logprobs, a.token_logprobs, b.token_logprobs)]
+def usable(forcing: Forcing, key: Key) -> bool:
+    f = forcing.records.get(key)
+    return f is not None and f.aligned and key in forcing.arrays.index
 
 
-def token_metrics(per_item: Mapping[Key, list[tk.PositionMetrics] | None], n_keys: int) -> dict[str, Any] | None:
-    usable = {k: v for k, v in per_item.items() if v}
-    if not usable:
+def forced_pairs(ref: Forcing, other: Forcing, keys: list[Key]) -> pos.PairPositions:
+    """Position metrics KL(ref‖other) over the pairs of `keys` both passes scored on the same tokens."""
+    return pos.compare_forced(ref.arrays, other.arrays, [k for k in keys if usable(ref, k) and usable(other, k)])
+
+
+def token_metrics(pp: pos.PairPositions | None, keys: list[Key], n_keys: int) -> dict[str, Any] | None:
+    """Summaries over the positions of the pairs in `keys` (a suite, or all, of `n_keys` items;
+    those not compared count as misaligned)."""
+    if pp is None:
         return None
-    flat = [m for v in usable.values() for m in v]
-    positions = [i for v in usable.values() for i in range(len(v))]
-    s = tk.summarize_positions(flat)
-    buckets = [{"start": b.start, "end": b.end, "n_tokens": b.summary.n_tokens if b.summary else 0,
-                "mean_kl": _r(b.summary.mean_kl) if b.summary else None,
-                "same_top1_rate": _r(b.summary.same_top1_rate) if b.summary else None}
-               for b in tk.bucket_by_position(positions, flat)]
-    return {"n_items": len(usable), "n_tokens": s.n_tokens, "misaligned": n_keys - len(usable),
-            "mean_kl": _r(s.mean_kl), "median_kl": _r(s.median_kl), "p99_kl": _r(s.p99_kl),
-            "same_top1_rate": _r(s.same_top1_rate), "rms_delta_p": _r(s.rms_delta_p),
-            "mean_delta_logprob": _r(s.mean_delta_logprob), "by_position": buckets}
+    chosen = set(keys)
+    n_items = sum(1 for k in pp.keys if k in chosen)
+    if not n_items:
+        return None
+    mask = pp.select(chosen) if n_items < len(pp.keys) else slice(None)
+    kl, same = pp.kl[mask], pp.same_top1[mask]
+    dp, dlp, where = pp.delta_p[mask].astype(np.float64), pp.delta_logprob[mask].astype(np.float64), pp.position[mask]
+    buckets = []
+    for i, start in enumerate(tk.DEFAULT_BUCKETS):
+        end = tk.DEFAULT_BUCKETS[i + 1] if i + 1 < len(tk.DEFAULT_BUCKETS) else None
+        m = (where >= start) & (where < end if end is not None else True)
+        n = int(m.sum())
+        buckets.append({"start": start, "end": end, "n_tokens": n, "mean_kl": _r(kl[m].mean()) if n else None,
+                        "same_top1_rate": _r(same[m].mean()) if n else None})
+    return {"n_items": n_items, "n_tokens": int(kl.size), "misaligned": n_keys - n_items,
+            "mean_kl": _r(kl.mean()), "median_kl": _r(float(np.median(kl))), "p99_kl": _r(float(np.quantile(kl, 0.99))),
+            "same_top1_rate": _r(same.mean()), "rms_delta_p": _r(float(np.sqrt(np.mean(dp**2)))),
+            "mean_delta_logprob": _r(dlp.mean()), "by_position": buckets}
 
 
 def _pairs(a: Mapping[Key, Sample], b: Mapping[Key, Sample], keys: list[Key]) -> tuple[list[tuple[Sample, Sample]], int]:
@@ -148,18 +179,12 @@ def _clusters(samples: list[Sample]) -> np.ndarray:
     return np.array([cluster_id(s) for s in samples], dtype=object)
 
 
-def _same_tokens(a: Forced, b: Forced) -> bool:
-    """Two teacher-forced passes gave bit-identical logprobs (tokens, scored logprobs and top-k)."""
-    return bool(a.aligned and b.aligned and a.logprobs is not None and b.logprobs is not None
-                and a.logprobs.tokens == b.logprobs.tokens
-                and a.logprobs.token_logprobs == b.logprobs.token_logprobs
-                and a.logprobs.top_logprobs == b.logprobs.top_logprobs)
-
-
-def floor_reproduced(base_forced: Mapping[Key, Forced], again: Mapping[Key, Forced]) -> bool:
+def floor_reproduced(base: Forcing, again: Forcing) -> bool:
     """The second teacher-forcing pass reproduced the first bit for bit on every item it covered."""
-    both = [k for k in again if k in base_forced]
-    return bool(both) and all(_same_tokens(base_forced[k], again[k]) for k in both)
+    both = [k for k in again.records if k in base.records]
+    if not both or not all(usable(base, k) and usable(again, k) for k in both):
+        return False
+    return all(pos.reproduced(base.arrays, again.arrays, both).values())
 
 
 MIN_REPRODUCED = 8  # items a bit-identical second pass must cover before its floor (0) is extended to all
@@ -170,10 +195,37 @@ def loop_flags(samples: Mapping[Key, Sample]) -> dict[Key, bool]:
     return {k: tk.text_repetition_loop(s.text or "") is not None for k, s in samples.items() if s.ok}
 
 
-def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, Forced] | None,
+@dataclass(frozen=True)
+class TokenEvidence:
+    """The teacher-forced comparisons a judge computes once, which every look then reuses."""
+
+    ab: pos.PairPositions  # the baseline's completions scored by the baseline vs by the candidate
+    aa: pos.PairPositions | None  # by the baseline vs by the baseline again (the A/A floor)
+    reproduced: bool  # the second pass reproduced the first bit for bit (on enough items)
+    again: Mapping[Key, Forced]
+    ab_means: dict[Key, tuple[float, float]]  # per pair: mean KL, mean same-top-1
+    aa_means: dict[Key, tuple[float, float]]
+
+
+def _means(pp: pos.PairPositions | None) -> dict[Key, tuple[float, float]]:
+    if pp is None:
+        return {}
+    return dict(zip(pp.keys, zip(pp.mean(pp.kl).tolist(), pp.mean(pp.same_top1).tolist())))
+
+
+def token_evidence(base: Arm, cand: Arm, again: Forcing | None, keys: list[Key]) -> TokenEvidence:
+    ab = forced_pairs(base.forced, cand.forced, keys)
+    aa = forced_pairs(base.forced, again, keys) if again is not None and again.records else None
+    reproduced = again is not None and floor_reproduced(base.forced, again) and len(again.records) >= MIN_REPRODUCED
+    return TokenEvidence(ab, aa, reproduced, again.records if again is not None else {}, _means(ab), _means(aa))
+
+
+def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None,
                 keys: list[Key], teacher_forcing: bool = True,
-                loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None) -> GateInputs:
-    """The gate's inputs over `keys` (every unit judged at one look): paired by key, clustered by item."""
+                loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None,
+                evidence: TokenEvidence | None = None) -> GateInputs:
+    """The gate's inputs over `keys` (every unit judged at one look): paired by key, clustered by
+    item. `evidence`: the teacher-forced comparisons over all keys, where the caller has them."""
     loops = loops or (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
     suites = sorted({k[0] for k in keys})
     ab_all, _ = _pairs(base.samples, cand.samples, keys)
@@ -201,7 +253,9 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping
                 _clusters([a for a, _ in aa_all]) if len(aa_all) >= 2 else None))
     tokens, coverage = None, TokenCoverage(requested=False)
     if teacher_forcing:
-        tokens, coverage = _token_pairs(base, cand, base_forced_again or {}, [a.key for a, _ in ab_all])
+        pair_keys = [a.key for a, _ in ab_all]
+        evidence = evidence or token_evidence(base, cand, base_forced_again, pair_keys)
+        tokens, coverage = _token_pairs(base, cand, evidence, pair_keys)
     return GateInputs(
         accuracy=tuple(accuracy), lengths=lengths, lengths_floor=floor, tokens=tokens, coverage=coverage,
         rates=tuple(rates),
@@ -211,100 +265,108 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping
     )
 
 
-def _token_pairs(base: Arm, cand: Arm, again: Mapping[Key, Forced], keys: list[Key]) -> tuple[TokenPairs | None, TokenCoverage]:
+def _token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tuple[TokenPairs | None, TokenCoverage]:
     """Per-unit KL and top-1 against the A/A floor, and why the pairs left out were left out.
 
     The floor is the second teacher-forcing pass on the baseline server. When that pass
     reproduced the first bit for bit on at least MIN_REPRODUCED items, the server scores
     deterministically: the floor is 0 on every item (measured on those, implied elsewhere)."""
-    reproduced = floor_reproduced(base.forced, again) and len(again) >= MIN_REPRODUCED
     reasons: Counter = Counter()
     rows = []
+    again = ev.again
     for k in keys:
-        fb, fc = base.forced.get(k), cand.forced.get(k)
+        fb, fc = base.forced.records.get(k), cand.forced.records.get(k)
         if fb is None or fc is None:
             reasons["not teacher-forced"] += 1
             continue
-        ab = forced_positions(fb, fc)
+        ab = ev.ab_means.get(k)
         if ab is None:
-            reasons[fb.reason or fc.reason or "tokens differ between the two servers"] += 1
+            lost = k not in base.forced.arrays.index or k not in cand.forced.arrays.index
+            reasons[fb.reason or fc.reason or ("no token data on disk" if lost and fb.aligned and fc.aligned
+                                               else "tokens differ between the two servers")] += 1
             continue
         if k in again:
-            aa = forced_positions(fb, again[k])
+            aa = ev.aa_means.get(k)
             if aa is None:
                 reasons[again[k].reason or "A/A pass tokens differ"] += 1
                 continue
-            kl_f, top_f = float(np.mean([m.kl for m in aa])), float(np.mean([m.same_top1 for m in aa]))
-        elif reproduced:
-            kl_f, top_f = 0.0, 1.0
+        elif ev.reproduced:
+            aa = (0.0, 1.0)
         else:
             reasons["no A/A teacher-forcing pass"] += 1
             continue
-        rows.append((k, float(np.mean([m.kl for m in ab])), kl_f, float(np.mean([m.same_top1 for m in ab])), top_f))
+        rows.append((k, ab[0], aa[0], ab[1], aa[1]))
     coverage = TokenCoverage(True, len(keys), len(rows), reasons)
     if len(rows) < 2:
         return None, coverage
     note = (f"A/A floor: the second pass reproduced the first bit for bit on {len(again)} items, so the floor is 0"
-            if reproduced else f"A/A floor measured on {sum(1 for r in rows if r[0] in again)} pairs")
+            if ev.reproduced else f"A/A floor measured on {sum(1 for r in rows if r[0] in again)} pairs")
     return TokenPairs(kl_cand=[r[1] for r in rows], kl_floor=[r[2] for r in rows], top1_cand=[r[3] for r in rows],
                       top1_floor=[r[4] for r in rows], clusters=_clusters([base.samples[r[0]] for r in rows]),
                       floor_note=note), coverage
 
 
-def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Mapping[Key, Forced] | None,
-          teacher_forcing: bool = True) -> tuple[dict[str, Any], GateInputs, dict[str, Any]]:
-    """Per-suite + overall metrics, the gate's inputs (all units), and the data behind the report's plots."""
+def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None, teacher_forcing: bool = True,
+          loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None,
+          ) -> tuple[dict[str, Any], GateInputs, dict[str, Any], TokenEvidence | None]:
+    """Per-suite + overall metrics, the gate's inputs (all units), the data behind the report's
+    plots, and the teacher-forced evidence (for the earlier looks to reuse)."""
     keys = sorted(base.samples)
     suites = sorted({k[0] for k in keys})
-    ab_tok = {k: forced_positions(base.forced[k], cand.forced[k]) for k in keys
-              if k in base.forced and k in cand.forced}
-    aa_tok = ({k: forced_positions(base.forced[k], base_forced_again[k]) for k in keys
-               if k in base.forced and k in base_forced_again} if base_forced_again else {})
-    loops = (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
+    ab_all, _ = _pairs(base.samples, cand.samples, keys)
+    evidence = token_evidence(base, cand, base_forced_again, keys)  # over every key: each look takes its own
+    ab_tok, aa_tok = evidence.ab, evidence.aa
+    again = base_forced_again if aa_tok is not None else None
+    loops = loops or (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
+    div_ab = {a.key: divergence(a, b, base.tokens, cand.tokens) for a, b in ab_all}
+    aa_all, _ = _pairs(base.samples, aa.samples, [k for k in keys if k in aa.samples]) if aa is not None else ([], 0)
+    div_aa = {a.key: divergence(a, b, base.tokens, aa.tokens) for a, b in aa_all} if aa is not None else {}
     sections: dict[str, Any] = {}
     for suite in suites + [OVERALL]:
         sk = [k for k in keys if suite == OVERALL or k[0] == suite]
         ab, dropped = _pairs(base.samples, cand.samples, sk)
         aak = [k for k in sk if aa is not None and k in aa.samples]
         aap, _ = _pairs(base.samples, aa.samples, aak) if aa is not None else ([], 0)
+        tok_keys = [k for k in sk if k in base.forced.records and k in cand.forced.records]
+        aa_keys = [k for k in sk if again is not None and k in base.forced.records and k in again.records]
         sections[suite] = {
             "task": {"ab": task_metrics(ab), "aa": task_metrics(aap) if aap else None},
-            "generation": {"ab": generation_metrics(ab, loops[0], loops[1]),
-                           "aa": generation_metrics(aap, loops[0], loops[2]) if aap else None},
-            "teacher": {"ab": token_metrics({k: ab_tok.get(k) for k in sk if k in ab_tok}, len(sk)),
-                        "aa": token_metrics({k: aa_tok.get(k) for k in sk if k in aa_tok}, len(sk)) if aa_tok else None},
-            "reliability": {
-                "base_failed": sum(1 for k in sk if not base.samples[k].ok),
+            "generation": {"ab": generation_metrics(ab, loops[0], loops[1], [div_ab[a.key] for a, _ in ab]),
+                           "aa": generation_metrics(aap, loops[0], loops[2], [div_aa[a.key] for a, _ in aap])
+                           if aap else None},
+            "teacher": {"ab": token_metrics(ab_tok, tok_keys, len(sk)),
+                        "aa": token_metrics(aa_tok, aa_keys, len(sk)) if aa_tok is not None else None},
+            "reliability": {                "base_failed": sum(1 for k in sk if not base.samples[k].ok),
                 "cand_failed": sum(1 for k in sk if k not in cand.samples or not cand.samples[k].ok),
                 "aa_failed": sum(1 for k in aak if not aa.samples[k].ok) if aa is not None else None,
                 "pairs": len(ab), "dropped_pairs": dropped},
         }
-    inputs = gate_inputs(base, cand, aa, base_forced_again, keys, teacher_forcing, loops)
-    ab_all, _ = _pairs(base.samples, cand.samples, keys)
-    aa_all, _ = _pairs(base.samples, aa.samples, [k for k in keys if k in aa.samples]) if aa is not None else ([], 0)
+    inputs = gate_inputs(base, cand, aa, base_forced_again, keys, teacher_forcing, loops, evidence)
+    evidence = evidence if teacher_forcing else None
     plots = {
         "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],
                     "cand": [b.completion_tokens or 0 for _, b in ab_all],
                     "aa": [b.completion_tokens or 0 for _, b in aa_all] if aa_all else None},
-        "first_divergence": {"ab": [tk.first_divergence(*_seqs(a, b)) for a, b in ab_all],
-                             "aa": [tk.first_divergence(*_seqs(a, b)) for a, b in aa_all] if aa_all else None},
+        "first_divergence": {"ab": [div_ab[a.key] for a, _ in ab_all],
+                             "aa": [div_aa[a.key] for a, _ in aa_all] if aa_all else None},
         "by_position": {"ab": (sections[OVERALL]["teacher"]["ab"] or {}).get("by_position"),
                         "aa": (sections[OVERALL]["teacher"]["aa"] or {}).get("by_position")},
         "flips": {s: {"right_to_wrong": sections[s]["task"]["ab"]["flips_right_to_wrong"],
                       "wrong_to_right": sections[s]["task"]["ab"]["flips_wrong_to_right"]}
                   for s in suites if sections[s]["task"]["ab"]},
     }
-    return sections, inputs, plots
+    return sections, inputs, plots, evidence
 
 
-def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int = 8) -> list[dict[str, Any]]:
+def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int = 8,
+             tokens: tuple[pos.TokenArrays | None, pos.TokenArrays | None] = (None, None)) -> list[dict[str, Any]]:
     """The most divergent pairs: earliest first divergence first, then biggest length change."""
     rows = []
     for k, a in base.items():
         b = cand.get(k)
         if b is None or not (a.ok and b.ok) or a.text == b.text:
             continue
-        d = tk.first_divergence(*_seqs(a, b))
+        d = divergence(a, b, *tokens)
         char = next((i for i, (x, y) in enumerate(zip(a.text or "", b.text or "")) if x != y),
                     min(len(a.text or ""), len(b.text or "")))
         flip = (a.score or 0) != (b.score or 0)

@@ -10,22 +10,36 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from kvqual import __version__
 from kvqual.compare import metrics as mx
+from kvqual.compare import positions as pos
 from kvqual.compare.sglang import SglangForcer
-from kvqual.compare.teacher import FAILED, TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
+from kvqual.compare.teacher import FAILED, Forced, TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import EchoDisagreement, InfrastructureError, KvqualError, MismatchError
 from kvqual.gate import GatePolicy, decide
 from kvqual.records import Item, RunManifest
-from kvqual.store import load_manifest, load_samples, write_json_atomic
+from kvqual.store import SAMPLES, load_manifest, load_samples, write_json_atomic
 from kvqual.suites import LoadedSuite
 
 REPORT_SCHEMA_VERSION = 1
+
+
+def _forcing(path: Path, records: Mapping[tuple[str, str, int], Forced]) -> mx.Forcing:
+    """A teacher file's records with their per-token data as arrays (an empty pass when the
+    records were left out: teacher forcing off or refused)."""
+    if not records:
+        return mx.NO_FORCING
+    return mx.Forcing(records, pos.load(path, records))
+
+
+def forcing_of(path: Path) -> mx.Forcing:
+    """A teacher file, read for the judge: records + arrays."""
+    return _forcing(path, load_forced(path, logprobs=False))
 
 
 def teacher_file(base_dir: Path, scorer_run_id: str, again: bool = False) -> Path:
@@ -57,14 +71,14 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     first score the server's own outputs, per API kind, and refuse an echo that disagrees."""
     if refusal(base_dir, manifest.run_id) is not None:
         return None  # this server's echo was refused at an earlier round
-    base_samples = [s for s in load_samples(base_dir).values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
+    base_samples = [s for s in load_samples(base_dir, "tokens").values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
     forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
     forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
                         run.timeout, run.concurrency, run.retries)
     try:
         trust = None
         if check:
-            own = trust_sample(list(load_samples(own_dir).values()), items)
+            own = trust_sample(list(load_samples(own_dir, "tokens").values()), items)
             own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own]
             try:
                 trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
@@ -171,11 +185,11 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
 
     bm, cm = load_manifest(base_dir), load_manifest(cand_dir)
     am = load_manifest(aa_dir) if aa_dir else None
-    base_s, cand_s = load_samples(base_dir), load_samples(cand_dir)
-    aa_s = load_samples(aa_dir) if aa_dir else None
-    forced_b = load_forced(teacher_file(base_dir, bm.run_id)) if teacher_forcing else {}
-    forced_b2 = load_forced(teacher_file(base_dir, bm.run_id, True)) if teacher_forcing else {}
-    forced_c = load_forced(teacher_file(base_dir, cm.run_id)) if teacher_forcing else {}
+    base_s, cand_s = load_samples(base_dir, "inline"), load_samples(cand_dir, "inline")
+    aa_s = load_samples(aa_dir, "inline") if aa_dir else None
+    forced_b = load_forced(teacher_file(base_dir, bm.run_id), logprobs=False) if teacher_forcing else {}
+    forced_b2 = load_forced(teacher_file(base_dir, bm.run_id, True), logprobs=False) if teacher_forcing else {}
+    forced_c = load_forced(teacher_file(base_dir, cm.run_id), logprobs=False) if teacher_forcing else {}
     refused = {arm: r for arm, r in (("baseline", refusal(base_dir, bm.run_id)),
                                      ("candidate", refusal(base_dir, cm.run_id))) if r is not None}
     if teacher_forcing and refused:
@@ -198,19 +212,24 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     sizes = [n for n in plan["sizes"] if n <= prefix] or [prefix]
     judged = set(order[: sizes[-1]])
     base_s, aa_s = _keys_in(base_s, judged), (_keys_in(aa_s, judged) if aa_s is not None else None)
-    arm_b, arm_c = mx.Arm(base_s, forced_b), mx.Arm(cand_s, forced_c)
-    arm_a = mx.Arm(aa_s, {}) if aa_s is not None else None
-    sections, inputs, plots = mx.build(arm_b, arm_c, arm_a, forced_b2 or None, teacher_forcing)
+    forcing = {name: _forcing(teacher_file(base_dir, run_id, again), records)
+               for name, run_id, again, records in (("b", bm.run_id, False, forced_b), ("b2", bm.run_id, True, forced_b2),
+                                                    ("c", cm.run_id, False, forced_c))}
+    arm_b = mx.Arm(base_s, forcing["b"], pos.load(base_dir / SAMPLES, base_s, top_k=False))
+    arm_c = mx.Arm(cand_s, forcing["c"], pos.load(cand_dir / SAMPLES, cand_s, top_k=False))
+    arm_a = mx.Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_s is not None and aa_dir else None
+    again = forcing["b2"] if forced_b2 else None
+    loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
+    sections, inputs, plots, evidence = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops)
     if teacher_forcing and refused:
         inputs = _refused_coverage(inputs, tf_note or "")
     tb, tc = mx.throughput_pairs(base_s, cand_s)
-    loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
     looks = []
     for n in sizes:
         items_n = set(order[:n])
         keys = sorted(k for k in base_s if (k[0], k[1]) in items_n)
-        look = inputs if n == sizes[-1] else mx.gate_inputs(arm_b, arm_c, arm_a, forced_b2 or None, keys,
-                                                             teacher_forcing, loops)
+        look = inputs if n == sizes[-1] else mx.gate_inputs(arm_b, arm_c, arm_a, again, keys, teacher_forcing, loops,
+                                                             evidence)
         if teacher_forcing and refused and n != sizes[-1]:
             look = _refused_coverage(look, tf_note or "")
         if policy.min_speedup is not None and tb.size >= 2:
@@ -265,7 +284,7 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
             "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)}},
         "capacity": capacity(bm, cm),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
-        "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s),
+        "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s, tokens=(arm_b.tokens, arm_c.tokens)),
     }
 
 

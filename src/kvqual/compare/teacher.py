@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -27,10 +28,12 @@ from typing import IO, Any, Awaitable, Callable, Iterable, Iterator, Mapping
 
 import httpx
 
+from kvqual import tokenstore
 from kvqual.client import Transport, backoff_delay, classify, echo_payload, parse_echo
 from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError, UsageError
 from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
+from kvqual.store import TOKEN_DATA
 
 # nats. Echo re-scores the server's own greedy output in one prefill; with per-request fp8 scales
 # calibrated on what is prefilled (prompt vs prompt + completion) the two legitimately differ:
@@ -316,15 +319,13 @@ def _one_writer(out: Path) -> Iterator[None]:
 
 async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
                      out: Path) -> list[Forced]:
-    done = {k: f for k, f in load_forced(out).items() if not (f.reason or "").startswith(FAILED)}
+    done = {k: f for k, f in load_forced(out, logprobs=False).items() if not (f.reason or "").startswith(FAILED)}
     todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]  # failed ones are asked again
     if todo:
-        with _append_lines(out) as fh:
+        with _ForcedWriter(out, keep=done) as writer:
             async def one(sample: Sample) -> None:
                 f = await forcer.force(items[(sample.suite, sample.id)], sample)
-                # no await between write and flush: on one event loop each line lands whole (single writer)
-                fh.write(dumps_line(f.to_json()))
-                fh.flush()
+                writer.write(f)  # no await inside: on one event loop each record lands whole (single writer)
                 done[(f.suite, f.id, f.repeat)] = f
 
             tasks = [asyncio.ensure_future(one(s)) for s in todo]
@@ -336,6 +337,34 @@ async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
     return [done[s.key] for s in samples if s.key in done]
+
+
+class _ForcedWriter:
+    """Appends Forced records to a teacher file: the logprobs as a row of its token file
+    (tokenstore.py), written first, then the line, flushed. Opening rewrites the token file with
+    the rows of `keep` (an Arrow stream is not appended to once closed)."""
+
+    def __init__(self, path: Path, keep: Mapping[tuple[str, str, int], Forced] | None = None) -> None:
+        self.path, self.keep = path, keep
+
+    def __enter__(self) -> "_ForcedWriter":
+        keep = self.keep
+        self._tokens = tokenstore.TokenFile.open(tokenstore.tokens_path(self.path),
+                                                 None if keep is None else (lambda k: k in keep))
+        self._fh = _append_lines(self.path)
+        return self
+
+    def write(self, f: Forced) -> None:
+        line = f.to_json()
+        if f.logprobs is not None:
+            self._tokens.append((f.suite, f.id, f.repeat), f.logprobs)
+            line = {**line, "logprobs": None, TOKEN_DATA: True}
+        self._fh.write(dumps_line(line))
+        self._fh.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        self._fh.close()
+        self._tokens.close()
 
 
 def _append_lines(path: Path) -> IO[str]:
@@ -353,9 +382,9 @@ def _append_lines(path: Path) -> IO[str]:
 
 def save_forced(path: Path, forced: Iterable[Forced]) -> None:
     """Append teacher-forced records to a teacher file (what a forcing pass writes as it goes)."""
-    with _append_lines(path) as fh:
+    with _ForcedWriter(path) as writer:
         for f in forced:
-            fh.write(dumps_line(f.to_json()))
+            writer.write(f)
 
 
 def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_kind: int = ECHO_TRUST_ITEMS) -> list[Sample]:
@@ -372,17 +401,31 @@ def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_k
     return [s for bucket in picked.values() for s in bucket]
 
 
-def load_forced(path: Path) -> dict[tuple[str, str, int], Forced]:
-    """Forced items by key; a torn last line (an interrupted pass) is skipped and forced again."""
+def load_forced(path: Path, logprobs: bool = True) -> dict[tuple[str, str, int], Forced]:
+    """Forced items by key; a torn last line (an interrupted pass) is skipped and forced again,
+    as is a line whose token row is not on disk. `logprobs=False`: the records without what the
+    token file holds (the judge reads it as arrays; lines from before the token files keep the
+    logprobs they carry inline). Files from before the token file read the same."""
     if not path.is_file():
         return {}
     out: dict[tuple[str, str, int], Forced] = {}
+    stored: set[tuple[str, str, int]] = set()
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         try:
-            f = Forced.from_json(json.loads(line))
-        except (json.JSONDecodeError, KeyError, TypeError):
+            obj = json.loads(line)
+            f = Forced.from_json(obj)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             continue
-        out[(f.suite, f.id, f.repeat)] = f
+        key = (f.suite, f.id, f.repeat)
+        out[key] = f
+        (stored.add if obj.get(TOKEN_DATA) else stored.discard)(key)
+    if stored and logprobs:
+        rows = tokenstore.load_logprobs(tokenstore.tokens_path(path))
+        for key in stored:
+            if key in rows:
+                out[key] = dataclasses.replace(out[key], logprobs=rows[key])
+            else:  # its row is not there (the row is written first): forced again
+                del out[key]
     return out

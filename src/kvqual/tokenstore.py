@@ -1,0 +1,238 @@
+"""Per-token data beside a JSONL results file, in Arrow: `samples.tokens.arrow` next to
+`samples.jsonl`, `teacher-by-<run>.tokens.arrow` next to its teacher file.
+
+The JSONL line stays the readable record of an answer (text, lengths, timings, errors); what
+is per token (token ids or strings, the scored token's logprob, the top-k alternatives) is a
+row here, keyed by (suite, id, repeat). A line whose data lives here says `"token_data": true`
+and carries `"logprobs": null`. Why: 256 tokens × top-5 as JSON is ~30 KB per answer, and
+parsing it was most of what `kvqual report` spent at 20k items (docs/performance.md).
+
+Format: an Arrow IPC stream, one record batch per row, written before the JSONL line and
+flushed, so a killed run keeps every row it wrote and a line never points at a row that is not
+on disk; a torn last batch is dropped on reading. A file is never appended to after it was
+closed: reopening rewrites it (`TokenFile.open`, keeping the rows its caller still wants), as
+the samples file is compacted on resume. Token strings of the form `token_id:N` (vLLM's
+`return_tokens_as_token_ids`, kvqual serve, SGLang through kvqual's client) are stored as ids
+and given back as the same strings. The scored token's logprob is float64; the top-k logprobs
+are float32, the precision servers compute them in (vLLM, SGLang and kvqual serve return
+float32 values widened to JSON doubles, so nothing is lost on those).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from itertools import chain
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from kvqual.records import TokenLogprobs
+
+Key = tuple[str, str, int]
+SUFFIX = ".tokens.arrow"
+ID_PREFIX = "token_id:"
+_ID = re.compile(r"token_id:(0|[1-9][0-9]*)\Z")
+
+SCHEMA = pa.schema([
+    pa.field("suite", pa.string(), nullable=False),
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("repeat", pa.int32(), nullable=False),
+    pa.field("token_ids", pa.list_(pa.int64())),  # the tokens as ids, where the server gave ids
+    pa.field("tokens", pa.list_(pa.string())),  # the tokens as strings, where they are not `token_id:N`
+    pa.field("tokens_are_ids", pa.bool_()),  # every token string is `token_id:<its id>`
+    pa.field("token_logprobs", pa.list_(pa.float64())),  # null entries: a position without a logprob
+    pa.field("top_ids", pa.list_(pa.list_(pa.int64()))),  # top-k as ids, where every key is `token_id:N`
+    pa.field("top_tokens", pa.list_(pa.list_(pa.string()))),  # else top-k as strings
+    pa.field("top_logprobs", pa.list_(pa.list_(pa.float32()))),
+    pa.field("text_offset", pa.list_(pa.int64())),
+])
+
+
+def tokens_path(jsonl: Path) -> Path:
+    """Where the token data of a JSONL results file lives."""
+    return jsonl.with_name(jsonl.name.removesuffix(".jsonl") + SUFFIX)
+
+
+_JOINED_IDS = re.compile(r"token_id:(?:0|[1-9][0-9]*)(?:\ttoken_id:(?:0|[1-9][0-9]*))*\Z")
+
+
+def _ids_of(strings: list[str]) -> list[int] | None:
+    """The ids of strings that are all `token_id:N` (N written as an id prints), else None. One
+    regex over the joined strings, not one per string: this runs for every answer received."""
+    if not strings:
+        return []
+    joined = "\t".join(strings)
+    if _JOINED_IDS.match(joined) is None:
+        return None
+    parts = joined.replace(ID_PREFIX, "").split("\t")
+    return list(map(int, parts)) if len(parts) == len(strings) else None  # a tab inside a string: not ids
+
+
+def _list(values: pa.Array, lengths: list[int]) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+def _one(values: pa.Array | None, typ: pa.DataType) -> pa.Array:
+    """A one-row list column holding `values` (a null row when None)."""
+    if values is None:
+        return pa.nulls(1, typ)
+    return pa.ListArray.from_arrays(pa.array([0, len(values)], type=pa.int32()), values)
+
+
+def _row(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
+    """One record as a one-row batch, built from flat arrays (nested Python lists through
+    `from_pydict` cost ~2 ms per 256 × top-5 answer; this is the runner's hot path)."""
+    tokens = list(lp.tokens)
+    as_ids = _ids_of(tokens)
+    token_ids = list(lp.token_ids) if lp.token_ids is not None else as_ids
+    tokens_are_ids = as_ids is not None and token_ids == as_ids
+    tops = lp.top_logprobs
+    names = list(chain.from_iterable(tops))
+    top_ids = _ids_of(names)
+    lengths = [len(t) for t in tops]
+    flat_lp = pa.array(list(chain.from_iterable(map(dict.values, tops))), type=pa.float32())
+    schema = SCHEMA
+    cols = [
+        pa.array([key[0]]), pa.array([key[1]]), pa.array([key[2]], type=pa.int32()),
+        _one(pa.array(token_ids, type=pa.int64()) if token_ids is not None else None, schema.field("token_ids").type),
+        _one(None if tokens_are_ids else pa.array(tokens, type=pa.string()), schema.field("tokens").type),
+        pa.array([tokens_are_ids]),
+        _one(pa.array(list(lp.token_logprobs), type=pa.float64()), schema.field("token_logprobs").type),
+        _one(_list(pa.array(top_ids, type=pa.int64()), lengths) if top_ids is not None else None,
+             schema.field("top_ids").type),
+        _one(_list(pa.array(names, type=pa.string()), lengths) if top_ids is None else None,
+             schema.field("top_tokens").type),
+        _one(_list(flat_lp, lengths), schema.field("top_logprobs").type),
+        _one(pa.array(list(lp.text_offset), type=pa.int64()) if lp.text_offset is not None else None,
+             schema.field("text_offset").type),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def read_table(path: Path, columns: Iterable[str] | None = None) -> pa.Table:
+    """Every whole row of a token file (a torn last batch dropped), only `columns` (plus the key)
+    kept in memory; the last row of a key wins. An empty table when the file does not exist."""
+    keep = None if columns is None else ["suite", "id", "repeat", *[c for c in columns if c not in ("suite", "id", "repeat")]]
+    schema = SCHEMA if keep is None else pa.schema([SCHEMA.field(c) for c in keep])
+    batches: list[pa.RecordBatch] = []
+    if path.is_file() and path.stat().st_size:
+        source = pa.memory_map(str(path), "r")  # not closed here: the batches may point into the mapping
+        try:  # the whole stream at once, zero-copy over the mapping: only the columns kept are touched
+            whole = pa.ipc.open_stream(source).read_all()
+            batches = [b if keep is None else b.select(keep) for b in whole.to_batches()]
+        except (pa.ArrowInvalid, OSError):  # a batch torn by a killed writer: every batch before it
+            batches = _whole_batches(source, keep)
+    table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
+    return _last_per_key(table)
+
+
+def _whole_batches(source: pa.NativeFile, keep: list[str] | None) -> list[pa.RecordBatch]:
+    source.seek(0)
+    out: list[pa.RecordBatch] = []
+    try:
+        reader = pa.ipc.open_stream(source)
+    except (pa.ArrowInvalid, OSError):
+        return out
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except (StopIteration, pa.ArrowInvalid, OSError):
+            return out
+        out.append(batch if keep is None else batch.select(keep))
+
+
+def _last_per_key(table: pa.Table) -> pa.Table:
+    if table.num_rows < 2:
+        return table
+    keys = list(zip(table.column("suite").to_pylist(), table.column("id").to_pylist(), table.column("repeat").to_pylist()))
+    last = {k: i for i, k in enumerate(keys)}
+    if len(last) == len(keys):
+        return table
+    return table.take(sorted(last.values()))
+
+
+def keys_of(table: pa.Table) -> list[Key]:
+    return list(zip(table.column("suite").to_pylist(), table.column("id").to_pylist(),
+                    table.column("repeat").to_pylist()))
+
+
+def _strings(ids: list[int]) -> tuple[str, ...]:
+    return tuple(f"{ID_PREFIX}{i}" for i in ids)
+
+
+def logprobs_rows(table: pa.Table, top_k: bool = True) -> dict[Key, TokenLogprobs]:
+    """The rows back as TokenLogprobs, exactly as they were written (for the runtime: teacher
+    forcing, the echo check; the judge reads the columns as arrays instead). `top_k=False`
+    leaves the alternatives out: what forcing a completion needs is its tokens."""
+    out: dict[Key, TokenLogprobs] = {}
+    names = [n for n in SCHEMA.names if top_k or not n.startswith("top_")]
+    cols = {name: table.column(name).to_pylist() for name in names}
+    for i, key in enumerate(keys_of(table)):
+        ids = cols["token_ids"][i]
+        tokens = _strings(ids) if cols["tokens_are_ids"][i] else tuple(cols["tokens"][i] or ())
+        tops: tuple = ()
+        if top_k:
+            top_names = cols["top_ids"][i]
+            top_lp = cols["top_logprobs"][i] or []
+            keys = [_strings(t) for t in top_names] if top_names is not None else cols["top_tokens"][i] or []
+            tops = tuple(dict(zip(n, lp)) for n, lp in zip(keys, top_lp))
+        offsets = cols["text_offset"][i]
+        out[key] = TokenLogprobs(tokens=tokens, token_logprobs=tuple(cols["token_logprobs"][i] or ()), top_logprobs=tops,
+                                 text_offset=tuple(offsets) if offsets is not None else None,
+                                 token_ids=tuple(ids) if ids is not None else None)
+    return out
+
+
+def load_logprobs(path: Path, top_k: bool = True) -> dict[Key, TokenLogprobs]:
+    columns = None if top_k else [n for n in SCHEMA.names if not n.startswith("top_")]
+    return logprobs_rows(read_table(path, columns), top_k)
+
+
+class TokenFile:
+    """The writer of one token file: a row per record, flushed as it is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
+
+    @classmethod
+    def open(cls, path: Path, keep: Callable[[Key], bool] | None = None) -> "TokenFile":
+        """Open `path` for writing, rewriting the rows already there (those `keep` accepts; all
+        when None) into a fresh stream first: an Arrow stream is not appended to once closed."""
+        old = read_table(path) if path.is_file() else None
+        if old is not None and keep is not None and old.num_rows:
+            old = old.filter(pa.array([keep(k) for k in keys_of(old)], type=pa.bool_()))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        out = cls(tmp)
+        if old is not None:
+            for batch in old.to_batches(max_chunksize=1):
+                out._writer.write_batch(batch)
+        out._sink.flush()
+        os.replace(tmp, path)
+        out.path = path
+        return out
+
+    def append(self, key: Key, lp: TokenLogprobs) -> None:
+        self._writer.write_batch(_row(key, lp))
+        self._sink.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = None
+
+
+def code_array(ids: pa.Array | None, strings: pa.Array | None, vocab: dict[str, int]) -> np.ndarray:
+    """Token codes for vectorized comparison: an id is its own code (≥ 0); a string is −2 − its index
+    in `vocab`, shared by every file one judge reads, so equal strings get equal codes."""
+    if strings is None:
+        return np.asarray(ids, dtype=np.int64)
+    values = strings.to_pylist()
+    return np.fromiter((-2 - vocab.setdefault(s, len(vocab)) for s in values), dtype=np.int64, count=len(values))

@@ -1,0 +1,112 @@
+"""The vectorized position metrics (compare/positions.py) against the per-position reference
+(compare/tokens.py), on random top-k maps with token strings and with token ids."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvqual.compare import positions as pos
+from kvqual.compare import tokens as tk
+from kvqual.records import TokenLogprobs
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))  # top-k logprobs are stored as float32 (tokenstore.py)
+
+
+def _record(rng: np.random.Generator, n: int, vocab: list[str], k: int = 5) -> TokenLogprobs:
+    tokens = tuple(rng.choice(vocab, n))
+    tops = []
+    for _ in range(n):
+        names = rng.choice(vocab, size=int(rng.integers(1, k + 1)), replace=False)
+        lps = np.sort(np.log(rng.dirichlet(np.ones(len(names) + 1)))[: len(names)])[::-1]
+        if rng.random() < 0.1 and len(names) > 1:
+            lps[1] = lps[0]  # a tie on top-1, broken by token string
+        tops.append({str(t): _f32(v) for t, v in zip(names, lps)})
+    return TokenLogprobs(tokens=tokens, token_logprobs=tuple(float(v) for v in -rng.random(n)),
+                         top_logprobs=tuple(tops))
+
+
+def _perturb(rng: np.random.Generator, lp: TokenLogprobs, vocab: list[str]) -> TokenLogprobs:
+    tops = []
+    for top in lp.top_logprobs:
+        new = {t: _f32(v + rng.normal(0, 0.3)) for t, v in top.items()}
+        if rng.random() < 0.3:  # an alternative the other side did not list
+            new[str(rng.choice(vocab))] = _f32(-rng.random() * 3)
+        if rng.random() < 0.2 and len(new) > 1:
+            new.pop(next(iter(new)))
+        tops.append(new)
+    return TokenLogprobs(tokens=lp.tokens, token_logprobs=tuple(v - rng.random() * 0.1 for v in lp.token_logprobs),
+                         top_logprobs=tuple(tops))
+
+
+@pytest.mark.parametrize("vocab", [[f"w{i}" for i in range(12)], [f"token_id:{i}" for i in range(12)]],
+                         ids=["strings", "ids"])
+def test_vectorized_metrics_equal_the_reference(vocab: list[str]) -> None:
+    rng = np.random.default_rng(11)
+    base = {("s", str(i), 0): _record(rng, int(rng.integers(1, 40)), vocab) for i in range(30)}
+    cand = {k: _perturb(rng, v, vocab) for k, v in base.items()}
+    other = next(iter(cand))
+    cand[other] = TokenLogprobs(tokens=cand[other].tokens[:-1] + ("zz",), token_logprobs=cand[other].token_logprobs,
+                                top_logprobs=cand[other].top_logprobs)  # different tokens: left out
+    a, b = pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(cand))
+    pp = pos.compare_forced(a, b, sorted(base))
+    assert pp.differ == {other}
+    assert len(pp.keys) == len(base) - 1
+    for i, key in enumerate(pp.keys):
+        ref = [tk.position_metrics(ta, tb, la, lb) for ta, tb, la, lb in
+               zip(base[key].top_logprobs, cand[key].top_logprobs, base[key].token_logprobs, cand[key].token_logprobs)]
+        s, e = pp.starts[i], pp.starts[i + 1]
+        assert pp.kl[s:e] == pytest.approx([m.kl for m in ref], rel=1e-9, abs=1e-12)
+        assert pp.same_top1[s:e].tolist() == [m.same_top1 for m in ref]
+        assert pp.delta_p[s:e] == pytest.approx([m.delta_p for m in ref], abs=1e-6)
+        assert pp.delta_logprob[s:e] == pytest.approx([m.delta_logprob for m in ref], abs=1e-6)
+        assert pp.position[s:e].tolist() == list(range(e - s))
+    means = pp.mean(pp.kl)
+    assert means[0] == pytest.approx(float(np.mean(pp.kl[pp.starts[0]:pp.starts[1]])))
+
+
+def test_reproduced_is_bit_for_bit() -> None:
+    rng = np.random.default_rng(12)
+    vocab = [f"token_id:{i}" for i in range(20)]
+    base = {("s", str(i), 0): _record(rng, 10, vocab) for i in range(5)}
+    again = dict(base)
+    changed = ("s", "3", 0)
+    top = dict(base[changed].top_logprobs[4])
+    first = next(iter(top))
+    top[first] = _f32(top[first] - 1e-3)
+    again[changed] = TokenLogprobs(base[changed].tokens, base[changed].token_logprobs,
+                                   base[changed].top_logprobs[:4] + (top,) + base[changed].top_logprobs[5:])
+    same = pos.reproduced(pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(again)), sorted(base))
+    assert same == {k: k != changed for k in sorted(base)}
+
+
+def test_first_divergence_on_codes() -> None:
+    a, b = np.array([1, 2, 3]), np.array([1, 2, 4, 5])
+    assert pos.first_divergence(a, b) == tk.first_divergence([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert pos.first_divergence(a, a[:2]) == 2
+    assert pos.first_divergence(a, a.copy()) is None
+
+
+class _Rec:
+    def __init__(self, lp: TokenLogprobs) -> None:
+        self.logprobs = lp
+
+
+def _wrap(d: dict) -> dict:
+    return {k: _Rec(v) for k, v in d.items()}
+
+
+def test_topk_kl_rows_match_scalar_on_edge_cases() -> None:
+    cases = [({"a": math.log(0.7), "b": math.log(0.2)}, {"a": math.log(0.7), "b": math.log(0.2)}),
+             ({"a": math.log(0.9)}, {"b": math.log(0.9)}),
+             ({"a": math.log(0.5), "b": math.log(0.5)}, {"a": math.log(0.5)})]
+    for base_top, cand_top in cases:
+        lp_a = TokenLogprobs(("a",), (-0.1,), (base_top,))
+        lp_b = TokenLogprobs(("a",), (-0.1,), (cand_top,))
+        pp = pos.compare_forced(pos.from_logprobs({("s", "1", 0): _Rec(lp_a)}),
+                                pos.from_logprobs({("s", "1", 0): _Rec(lp_b)}), [("s", "1", 0)])
+        assert pp.kl[0] == pytest.approx(tk.topk_kl(lp_a.top_logprobs[0], lp_b.top_logprobs[0]), rel=1e-6, abs=1e-9)

@@ -1,0 +1,95 @@
+"""The columnar token files (tokenstore.py): exact round trip, torn tails, resume, old runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvqual import tokenstore
+from kvqual.records import Sample, TokenLogprobs
+from kvqual.store import SAMPLES, load_samples
+
+IDS = TokenLogprobs(tokens=("token_id:5", "token_id:0", "token_id:77"), token_logprobs=(-0.5, -1.25, -2.0),
+                    top_logprobs=({"token_id:5": -0.5, "token_id:9": -1.5}, {"token_id:0": -1.25},
+                                  {"token_id:77": -2.0, "token_id:1": -2.5, "token_id:3": -3.0}),
+                    token_ids=(5, 0, 77))
+TEXT = TokenLogprobs(tokens=("Hel", "lo", "\t!"), token_logprobs=(None, -0.75, -0.125),
+                     top_logprobs=({"Hel": -0.5, "token_id:4": -1.0}, {"lo": -0.75}, {"\t!": -0.125, "?": -3.5}),
+                     text_offset=(0, 3, 5))
+NOT_IDS = TokenLogprobs(tokens=("token_id:05", "token_id:1"), token_logprobs=(-1.0, -2.0),
+                        top_logprobs=({"token_id:05": -1.0}, {"token_id:1": -2.0}))  # "05" is not how an id prints
+
+
+@pytest.mark.parametrize("lp", [IDS, TEXT, NOT_IDS], ids=["ids", "text", "id-lookalike"])
+def test_rows_round_trip_exactly(tmp_path, lp) -> None:
+    path = tmp_path / "x.tokens.arrow"
+    f = tokenstore.TokenFile.open(path)
+    f.append(("s", "1", 0), lp)
+    f.close()
+    assert tokenstore.load_logprobs(path) == {("s", "1", 0): lp}
+    without_top = tokenstore.load_logprobs(path, top_k=False)[("s", "1", 0)]
+    assert without_top.tokens == lp.tokens and without_top.token_logprobs == lp.token_logprobs
+    assert without_top.top_logprobs == ()
+
+
+def test_torn_last_batch_is_dropped_and_reopen_rewrites_what_is_kept(tmp_path) -> None:
+    path = tmp_path / "x.tokens.arrow"
+    f = tokenstore.TokenFile.open(path)
+    for i in range(5):
+        f.append(("s", str(i), 0), IDS)
+    f.close()
+    path.write_bytes(path.read_bytes()[:-40])  # a writer killed inside its last batch
+    assert [k[1] for k in tokenstore.keys_of(tokenstore.read_table(path))] == ["0", "1", "2", "3"]
+    f = tokenstore.TokenFile.open(path, keep=lambda k: k[1] != "1")
+    f.append(("s", "9", 0), TEXT)
+    f.close()
+    rows = tokenstore.load_logprobs(path)
+    assert sorted(k[1] for k in rows) == ["0", "2", "3", "9"] and rows[("s", "9", 0)] == TEXT
+
+
+def _sample(i: int, lp: TokenLogprobs | None) -> Sample:
+    return Sample(id=str(i), suite="s", repeat=0, text="Hello!", finish_reason="stop", completion_tokens=3,
+                  error=None, logprobs=lp)
+
+
+def test_store_writes_token_rows_beside_readable_lines_and_resumes(tmp_path) -> None:
+    from test_store import manifest
+
+    from kvqual.store import RunStore
+
+    store = RunStore.open(tmp_path, manifest())
+    for i, lp in enumerate((IDS, TEXT, None)):
+        store.append(_sample(i, lp))
+    store.close()
+    run = tmp_path / "t-abc"
+    lines = [json.loads(x) for x in (run / SAMPLES).read_text().splitlines()]
+    assert [x["logprobs"] for x in lines] == [None, None, None]  # the per-token data is in the token file
+    assert [x.get("token_data") for x in lines] == [True, True, None] and lines[0]["text"] == "Hello!"
+    assert (run / "samples.tokens.arrow").is_file()
+    want = {("s", str(i), 0): _sample(i, lp) for i, lp in enumerate((IDS, TEXT, None))}
+    assert load_samples(run) == want
+    assert load_samples(run, "inline")[("s", "0", 0)].logprobs is None
+    store = RunStore.open(tmp_path, manifest())  # resume: compacted, every answer kept, appendable
+    store.append(_sample(7, IDS))
+    store.close()
+    assert load_samples(run) == {**want, ("s", "7", 0): _sample(7, IDS)}
+
+
+def test_a_line_whose_row_is_missing_is_not_an_answer(tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{**_sample(1, None).to_json(), "token_data": True}, _sample(2, IDS).to_json()]  # 2: the old inline form
+    (run / SAMPLES).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    samples = load_samples(run)
+    assert list(samples) == [("s", "2", 0)] and samples[("s", "2", 0)].logprobs == IDS
+
+
+def test_commands_that_do_not_serve_import_neither_torch_nor_transformers() -> None:
+    code = ("import sys\nfrom kvqual.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "from kvqual.cli import build_parser\nbuild_parser()\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
