@@ -35,13 +35,24 @@ def test_rows_round_trip_exactly(tmp_path, lp) -> None:
     assert without_top.top_logprobs == ()
 
 
+def test_closed_files_are_rewritten_in_large_batches(tmp_path) -> None:
+    import pyarrow as pa
+
+    path = tmp_path / "x.tokens.arrow"
+    f = tokenstore.TokenFile.open(path)
+    for i in range(10):
+        f.append(("s", str(i), 0), IDS)
+    f.close()
+    assert len(list(pa.ipc.open_stream(pa.OSFile(str(path))))) == 1
+    assert len(tokenstore.load_logprobs(path)) == 10
+
+
 def test_torn_last_batch_is_dropped_and_reopen_rewrites_what_is_kept(tmp_path) -> None:
     path = tmp_path / "x.tokens.arrow"
     f = tokenstore.TokenFile.open(path)
     for i in range(5):
-        f.append(("s", str(i), 0), IDS)
-    f.close()
-    path.write_bytes(path.read_bytes()[:-40])  # a writer killed inside its last batch
+        f.append(("s", str(i), 0), IDS)  # each row flushed as its own batch; killed before close()
+    path.write_bytes(path.read_bytes()[:-40])  # ... inside its last batch
     assert [k[1] for k in tokenstore.keys_of(tokenstore.read_table(path))] == ["0", "1", "2", "3"]
     f = tokenstore.TokenFile.open(path, keep=lambda k: k[1] != "1")
     f.append(("s", "9", 0), TEXT)

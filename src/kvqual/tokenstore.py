@@ -7,11 +7,12 @@ row here, keyed by (suite, id, repeat). A line whose data lives here says `"toke
 and carries `"logprobs": null`. Why: 256 tokens × top-5 as JSON is ~30 KB per answer, and
 parsing it was most of what `kvqual report` spent at 20k items (docs/performance.md).
 
-Format: an Arrow IPC stream, one record batch per row, written before the JSONL line and
-flushed, so a killed run keeps every row it wrote and a line never points at a row that is not
-on disk; a torn last batch is dropped on reading. A file is never appended to after it was
-closed: reopening rewrites it (`TokenFile.open`, keeping the rows its caller still wants), as
-the samples file is compacted on resume. Token strings of the form `token_id:N` (vLLM's
+Format: an Arrow IPC stream, one record batch per row while it is written, each written before
+its JSONL line and flushed, so a killed run keeps every row it wrote and a line never points at
+a row that is not on disk; a torn last batch is dropped on reading. Closing rewrites the stream
+in batches of READ_BATCH rows (reading 20k one-row batches cost more than their data). A file
+is never appended to after it was closed: reopening rewrites it (`TokenFile.open`, keeping the
+rows its caller still wants), as the samples file is compacted on resume. Token strings of the form `token_id:N` (vLLM's
 `return_tokens_as_token_ids`, kvqual serve, SGLang through kvqual's client) are stored as ids
 and given back as the same strings. The scored token's logprob is float64; the top-k logprobs
 are float32, the precision servers compute them in (vLLM, SGLang and kvqual serve return
@@ -33,6 +34,7 @@ from kvqual.records import TokenLogprobs
 
 Key = tuple[str, str, int]
 SUFFIX = ".tokens.arrow"
+READ_BATCH = 4096  # rows per batch once a file is closed
 ID_PREFIX = "token_id:"
 _ID = re.compile(r"token_id:(0|[1-9][0-9]*)\Z")
 
@@ -116,7 +118,9 @@ def _row(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
 
 def read_table(path: Path, columns: Iterable[str] | None = None) -> pa.Table:
     """Every whole row of a token file (a torn last batch dropped), only `columns` (plus the key)
-    kept in memory; the last row of a key wins. An empty table when the file does not exist."""
+    read; the last row of a key wins. An empty table when the file does not exist. The table is
+    chunked (a chunk per row) and may point into a memory mapping of the file: combine the columns
+    you need."""
     keep = None if columns is None else ["suite", "id", "repeat", *[c for c in columns if c not in ("suite", "id", "repeat")]]
     schema = SCHEMA if keep is None else pa.schema([SCHEMA.field(c) for c in keep])
     batches: list[pa.RecordBatch] = []
@@ -124,11 +128,10 @@ def read_table(path: Path, columns: Iterable[str] | None = None) -> pa.Table:
         source = pa.memory_map(str(path), "r")  # not closed here: the batches may point into the mapping
         try:  # the whole stream at once, zero-copy over the mapping: only the columns kept are touched
             whole = pa.ipc.open_stream(source).read_all()
-            batches = [b if keep is None else b.select(keep) for b in whole.to_batches()]
+            return _last_per_key(whole if keep is None else whole.select(keep))
         except (pa.ArrowInvalid, OSError):  # a batch torn by a killed writer: every batch before it
             batches = _whole_batches(source, keep)
-    table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
-    return _last_per_key(table)
+    return _last_per_key(pa.Table.from_batches(batches, schema=schema))
 
 
 def _whole_batches(source: pa.NativeFile, keep: list[str] | None) -> list[pa.RecordBatch]:
@@ -210,8 +213,8 @@ class TokenFile:
             old = old.filter(pa.array([keep(k) for k in keys_of(old)], type=pa.bool_()))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         out = cls(tmp)
-        if old is not None:
-            for batch in old.to_batches(max_chunksize=1):
+        if old is not None and old.num_rows:
+            for batch in old.combine_chunks().to_batches(max_chunksize=READ_BATCH):
                 out._writer.write_batch(batch)
         out._sink.flush()
         os.replace(tmp, path)
@@ -223,10 +226,22 @@ class TokenFile:
         self._sink.flush()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = None
+        """Close the stream, then rewrite it in batches of READ_BATCH rows: a batch per row keeps every
+        answer of a killed run, but reading 20k one-row batches costs more than the rows themselves.
+        The rewrite goes to a temp file and replaces the stream whole, so an interruption leaves
+        the one-row form, still complete."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._sink.close()
+        self._writer = None
+        table = read_table(self.path)
+        if table.num_rows > 1:
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+                for batch in table.combine_chunks().to_batches(max_chunksize=READ_BATCH):
+                    writer.write_batch(batch)
+            os.replace(tmp, self.path)
 
 
 def code_array(ids: pa.Array | None, strings: pa.Array | None, vocab: dict[str, int]) -> np.ndarray:

@@ -8,6 +8,7 @@ visible in the reliability section and in the failed-rate criteria.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -367,8 +368,7 @@ def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int 
         if b is None or not (a.ok and b.ok) or a.text == b.text:
             continue
         d = divergence(a, b, *tokens)
-        char = next((i for i, (x, y) in enumerate(zip(a.text or "", b.text or "")) if x != y),
-                    min(len(a.text or ""), len(b.text or "")))
+        char = len(os.path.commonprefix([a.text or "", b.text or ""]))  # the first differing character
         flip = (a.score or 0) != (b.score or 0)
         rows.append((not flip, d if d is not None else 10**9, -abs((b.completion_tokens or 0) - (a.completion_tokens or 0)),
                      {"suite": k[0], "id": k[1], "repeat": k[2], "first_divergence": d, "divergence_char": char,

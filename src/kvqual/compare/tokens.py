@@ -226,5 +226,14 @@ def repetition_loop(
 
 
 def text_repetition_loop(text: str) -> RepetitionLoop | None:
-    """`repetition_loop` on characters: period ≤ 256 chars, ≥ 4 repeats, span ≥ 128 chars (~32 tokens)."""
+    """`repetition_loop` on characters: period ≤ 256 chars, ≥ 4 repeats, span ≥ 128 chars (~32 tokens).
+
+    First a necessary condition at C speed: a loop of period p ends in at least
+    max(128 − p, 3p) ≥ 96 characters equal to those p before them, so the last TAIL characters
+    occur again, whole, p ≤ 256 characters earlier. Most answers fail it in a microsecond."""
+    n = len(text)
+    if n < 128:
+        return None
+    if text.find(text[n - TAIL:], max(0, n - TAIL - 256), n - 1) == -1:
+        return None
     return repetition_loop(text, max_period=256, min_repeats=4, min_span=128)
