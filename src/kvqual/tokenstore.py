@@ -25,7 +25,7 @@ import os
 import re
 from itertools import chain
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -116,37 +116,36 @@ def _row(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
+def _keep(columns: Iterable[str] | None) -> list[str] | None:
+    return None if columns is None else ["suite", "id", "repeat", *[c for c in columns if c not in ("suite", "id", "repeat")]]
+
+
+def iter_batches(path: Path, columns: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The whole batches of a token file in order (a torn last batch dropped), only `columns` (plus
+    the key) kept, read one at a time from the file: at most one batch in memory besides what the
+    caller keeps. Rows are as written: a key may repeat (the last row wins)."""
+    if not (path.is_file() and path.stat().st_size):
+        return
+    keep = _keep(columns)
+    with pa.OSFile(str(path), "rb") as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except (pa.ArrowInvalid, OSError):
+            return
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except (StopIteration, pa.ArrowInvalid, OSError):  # the end, or a batch torn by a killed writer
+                return
+            yield batch if keep is None else batch.select(keep)
+
+
 def read_table(path: Path, columns: Iterable[str] | None = None) -> pa.Table:
     """Every whole row of a token file (a torn last batch dropped), only `columns` (plus the key)
-    read; the last row of a key wins. An empty table when the file does not exist. The table is
-    chunked (a chunk per row) and may point into a memory mapping of the file: combine the columns
-    you need."""
-    keep = None if columns is None else ["suite", "id", "repeat", *[c for c in columns if c not in ("suite", "id", "repeat")]]
+    read; the last row of a key wins. An empty table when the file does not exist."""
+    keep = _keep(columns)
     schema = SCHEMA if keep is None else pa.schema([SCHEMA.field(c) for c in keep])
-    batches: list[pa.RecordBatch] = []
-    if path.is_file() and path.stat().st_size:
-        source = pa.memory_map(str(path), "r")  # not closed here: the batches may point into the mapping
-        try:  # the whole stream at once, zero-copy over the mapping: only the columns kept are touched
-            whole = pa.ipc.open_stream(source).read_all()
-            return _last_per_key(whole if keep is None else whole.select(keep))
-        except (pa.ArrowInvalid, OSError):  # a batch torn by a killed writer: every batch before it
-            batches = _whole_batches(source, keep)
-    return _last_per_key(pa.Table.from_batches(batches, schema=schema))
-
-
-def _whole_batches(source: pa.NativeFile, keep: list[str] | None) -> list[pa.RecordBatch]:
-    source.seek(0)
-    out: list[pa.RecordBatch] = []
-    try:
-        reader = pa.ipc.open_stream(source)
-    except (pa.ArrowInvalid, OSError):
-        return out
-    while True:
-        try:
-            batch = reader.read_next_batch()
-        except (StopIteration, pa.ArrowInvalid, OSError):
-            return out
-        out.append(batch if keep is None else batch.select(keep))
+    return _last_per_key(pa.Table.from_batches(list(iter_batches(path, columns)), schema=schema))
 
 
 def _last_per_key(table: pa.Table) -> pa.Table:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,27 +29,32 @@ Key = tuple[str, str, int]
 OVERALL = "overall"
 
 
-@dataclass(frozen=True)
 class Forcing:
     """One teacher-forcing pass of the baseline's completions: the records (aligned, reason,
-    method) and their per-token data as arrays (from the token file, or from the records'
-    logprobs when they carry them: runs from before the token files)."""
+    method) and their per-token data as arrays, read from `path` (the teacher file) when first
+    used, or built from the records' logprobs when they carry them and there is no path. The
+    judge releases a pass's arrays once its comparisons are computed (`TokenArrays.release`):
+    two passes' arrays at a time, never three."""
 
-    records: Mapping[Key, Forced]
-    arrays: pos.TokenArrays
+    def __init__(self, records: Mapping[Key, Forced], arrays: pos.TokenArrays | None = None,
+                 path: Path | None = None) -> None:
+        self.records, self._arrays, self._path = records, arrays, path
 
     @classmethod
     def of(cls, records: Mapping[Key, Forced], arrays: pos.TokenArrays | None = None) -> "Forcing":
-        return cls(records, arrays if arrays is not None else pos.from_logprobs(records))
+        return cls(records, arrays)
 
-
-NO_FORCING = Forcing({}, pos.from_logprobs({}))
+    @property
+    def arrays(self) -> pos.TokenArrays:
+        if self._arrays is None:
+            self._arrays = pos.load(self._path, self.records) if self._path else pos.from_logprobs(self.records)
+        return self._arrays
 
 
 @dataclass(frozen=True)
 class Arm:
     samples: Mapping[Key, Sample]
-    forced: Forcing = NO_FORCING  # the baseline's completions teacher-forced on this arm's server
+    forced: Forcing = field(default_factory=lambda: Forcing({}))  # the baseline's completions forced on this arm's server
     tokens: pos.TokenArrays | None = None  # the samples' generated tokens as codes (else their logprobs)
 
 
@@ -215,9 +221,14 @@ def _means(pp: pos.PairPositions | None) -> dict[Key, tuple[float, float]]:
 
 
 def token_evidence(base: Arm, cand: Arm, again: Forcing | None, keys: list[Key]) -> TokenEvidence:
+    """Both comparisons, each pass's arrays released once it is no longer needed."""
     ab = forced_pairs(base.forced, cand.forced, keys)
+    cand.forced.arrays.release()
     aa = forced_pairs(base.forced, again, keys) if again is not None and again.records else None
     reproduced = again is not None and floor_reproduced(base.forced, again) and len(again.records) >= MIN_REPRODUCED
+    for forcing in (again, base.forced):
+        if forcing is not None:
+            forcing.arrays.release()
     return TokenEvidence(ab, aa, reproduced, again.records if again is not None else {}, _means(ab), _means(aa))
 
 

@@ -156,7 +156,38 @@ class TokenArrays:
             return (np.concatenate(codes) if codes else np.zeros(0, np.int64)), starts, np.asarray(per_row)
         return build
 
+    @classmethod
+    def concat(cls, parts: Sequence["TokenArrays"], top_k: bool = True) -> "TokenArrays":
+        """One file's arrays from those of its batches, in order (a later row of a key wins)."""
+        if len(parts) == 1:
+            return parts[0]
+        index: dict[Key, int] = {}
+        names: dict[int, str] = {}
+        row, pos_base, starts = 0, 0, [np.zeros(1, dtype=np.int64)]
+        for part in parts:
+            index.update((k, i + row) for k, i in part.index.items())
+            names.update(part.names)
+            starts.append(part.starts[1:] + pos_base)
+            row += part.starts.size - 1
+            pos_base += int(part.starts[-1])
+        out = cls(index, np.concatenate(starts), np.concatenate([p.tokens for p in parts]), names=names)
+        if top_k:
+            k = max(p.top_codes.shape[1] for p in parts)
+            out.logprob = np.concatenate([p.logprob for p in parts])
+            out.top_codes = np.concatenate([_pad(p.top_codes, k, PAD) for p in parts])
+            out.top_lp = np.concatenate([_pad(p.top_lp, k, -np.inf) for p in parts])
+            out.top_ok = np.concatenate([p.top_ok for p in parts])
+        return out
+
+    def release(self) -> None:
+        """Drop the per-position arrays, keeping which keys have rows (`index`): what is left answers
+        `key in index`, and nothing else."""
+        self.tokens = np.zeros(0, dtype=np.int32)
+        self.logprob = self.top_codes = self.top_lp = None
+        self.released = True
+
     def rows(self, keys: Iterable[Key]) -> np.ndarray:
+        assert not getattr(self, "released", False), "per-position arrays used after release()"
         return np.fromiter((self.index[k] for k in keys), dtype=np.int64)
 
     def lengths(self, rows: np.ndarray) -> np.ndarray:
@@ -171,16 +202,17 @@ class TokenArrays:
 
 
 def load(jsonl: Path, records: Mapping[Key, object] = {}, top_k: bool = True) -> TokenArrays:
-    """The per-token data of a JSONL results file as arrays: its token file (reading only the
-    columns needed: the generation runs' top-k is not) plus the `records` that carry their
-    logprobs inline (lines written before the token files; a later row of a key wins)."""
+    """The per-token data of a JSONL results file as arrays: its token file, a batch at a time
+    (only the columns needed: the generation runs' top-k is not read), plus the `records` that
+    carry their logprobs inline (lines written before the token files). Converted batch by batch
+    and joined once, so the file's Arrow form is never in memory whole beside its arrays."""
     cols = None if top_k else ["token_ids", "tokens", "tokens_are_ids"]
-    table = tokenstore.read_table(tokenstore.tokens_path(jsonl), cols)
     inline = [tokenstore._row(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
-    if inline:
-        old = pa.Table.from_batches(inline, schema=tokenstore.SCHEMA)
-        table = tokenstore._last_per_key(pa.concat_tables([old.select(table.column_names), table]).combine_chunks())
-    return TokenArrays.from_table(table, top_k)
+    schema = tokenstore.SCHEMA if cols is None else pa.schema([tokenstore.SCHEMA.field(c) for c in tokenstore._keep(cols)])
+    parts = [TokenArrays.from_table(pa.Table.from_batches([b.select(schema.names)]), top_k) for b in inline]
+    parts += [TokenArrays.from_table(pa.Table.from_batches([b]), top_k) for b in tokenstore.iter_batches(
+        tokenstore.tokens_path(jsonl), cols)]
+    return TokenArrays.concat(parts, top_k) if parts else TokenArrays.from_table(schema.empty_table(), top_k)
 
 
 def from_logprobs(records: Mapping[Key, object], top_k: bool = True) -> TokenArrays:

@@ -33,8 +33,8 @@ def _forcing(path: Path, records: Mapping[tuple[str, str, int], Forced]) -> mx.F
     """A teacher file's records with their per-token data as arrays (an empty pass when the
     records were left out: teacher forcing off or refused)."""
     if not records:
-        return mx.NO_FORCING
-    return mx.Forcing(records, pos.load(path, records))
+        return mx.Forcing({})
+    return mx.Forcing(records, path=path)  # its arrays are read when first used
 
 
 def forcing_of(path: Path) -> mx.Forcing:
