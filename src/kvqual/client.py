@@ -20,13 +20,13 @@ import math
 import operator
 import random
 import re
+import sys
 import time
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping
 
 import httpx
-import openai
 
 from kvqual.errors import InvalidResponse, ServerContractError, redact, register_secret
 from kvqual.records import GenerationParams, Item, TokenLogprobs
@@ -457,17 +457,19 @@ def _connection_cause(exc: BaseException) -> BaseException | None:
 def _classify(exc: BaseException) -> FailureInfo:
     if isinstance(exc, InvalidResponse):
         return FailureInfo(False, f"invalid response: {exc}")
-    if isinstance(exc, openai.APITimeoutError):
-        root = _connection_cause(exc)  # the SDK's aiohttp transport calls every connection error a timeout
-        return FailureInfo(True, f"connection error: {type(root).__name__}: {root}" if root is not None else "timeout")
-    if isinstance(exc, openai.APIConnectionError):
-        return FailureInfo(True, f"connection error: {exc.__cause__ or exc}")
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        body = exc.response.text if exc.response is not None else ""
-        transient = status in (408, 409, 429) or status >= 500
-        return FailureInfo(transient, f"HTTP {status}: {_body_head(body)}",
-                           retry_after_of(exc.response.headers if exc.response is not None else None))
+    openai = sys.modules.get("openai")  # imported by the first Transport: no openai error exists before it
+    if openai is not None:
+        if isinstance(exc, openai.APITimeoutError):
+            root = _connection_cause(exc)  # the SDK's aiohttp transport calls every connection error a timeout
+            return FailureInfo(True, f"connection error: {type(root).__name__}: {root}" if root is not None else "timeout")
+        if isinstance(exc, openai.APIConnectionError):
+            return FailureInfo(True, f"connection error: {exc.__cause__ or exc}")
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            body = exc.response.text if exc.response is not None else ""
+            transient = status in (408, 409, 429) or status >= 500
+            return FailureInfo(transient, f"HTTP {status}: {_body_head(body)}",
+                               retry_after_of(exc.response.headers if exc.response is not None else None))
     if isinstance(exc, httpx.HTTPStatusError):  # raise_for_status() on a plain httpx request
         status = exc.response.status_code
         return FailureInfo(status in (408, 409, 429) or status >= 500, f"HTTP {status}: {_body_head(exc.response.text)}",
@@ -505,6 +507,8 @@ class Transport:
         # A plain-http server is never spoken TLS to (requests go under base_url; no redirect is
         # followed), so its client skips loading the CA bundle: ~90 ms of CPU every Transport.
         plain_http = self.base_url.lower().startswith("http://")
+        import openai  # here, not at the top: commands that never send a request (report, --help) skip its ~1 s
+
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0,
             http_client=openai.DefaultAioHttpClient(timeout=timeout, verify=not plain_http),
@@ -527,6 +531,8 @@ class Transport:
         t0 = time.perf_counter()
         first = last = None
         chunks: list[dict[str, Any]] = []
+        import openai  # loaded already: this Transport made its client with it
+
         stream = await self._client.post(path, body=stream_payload(body), cast_to=object, stream=True,
                                          stream_cls=openai.AsyncStream[object])
         try:
@@ -574,6 +580,8 @@ async def _read_capped(response: httpx.Response, server: str) -> bytes:
     except InvalidResponse:
         raise
     except Exception as exc:  # noqa: BLE001 - the transport's read errors (httpx2 under the SDK, aiohttp)
+        import openai  # loaded already: only a Transport's responses come here
+
         if any(cls.__name__ == "TimeoutException" for cls in type(exc).__mro__):
             raise openai.APITimeoutError(request=response.request) from exc
         raise openai.APIConnectionError(message=f"response broke off: {exc}", request=response.request) from exc
