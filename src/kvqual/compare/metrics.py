@@ -359,6 +359,7 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
         "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],
                     "cand": [b.completion_tokens or 0 for _, b in ab_all],
                     "aa": [b.completion_tokens or 0 for _, b in aa_all] if aa_all else None},
+        "divergence_by_key": div_ab,
         "first_divergence": {"ab": [div_ab[a.key] for a, _ in ab_all],
                              "aa": [div_aa[a.key] for a, _ in aa_all] if aa_all else None},
         "by_position": {"ab": (sections[OVERALL]["teacher"]["ab"] or {}).get("by_position"),
@@ -371,14 +372,16 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
 
 
 def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int = 8,
-             tokens: tuple[pos.TokenArrays | None, pos.TokenArrays | None] = (None, None)) -> list[dict[str, Any]]:
-    """The most divergent pairs: earliest first divergence first, then biggest length change."""
+             tokens: tuple[pos.TokenArrays | None, pos.TokenArrays | None] = (None, None),
+             divergences: Mapping[Key, int | None] | None = None) -> list[dict[str, Any]]:
+    """The most divergent pairs: earliest first divergence first, then biggest length change
+    (`divergences`: the pairs' first divergences, where the caller has them)."""
     rows = []
     for k, a in base.items():
         b = cand.get(k)
         if b is None or not (a.ok and b.ok) or a.text == b.text:
             continue
-        d = divergence(a, b, *tokens)
+        d = divergences[k] if divergences is not None and k in divergences else divergence(a, b, *tokens)
         char = len(os.path.commonprefix([a.text or "", b.text or ""]))  # the first differing character
         flip = (a.score or 0) != (b.score or 0)
         rows.append((not flip, d if d is not None else 10**9, -abs((b.completion_tokens or 0) - (a.completion_tokens or 0)),

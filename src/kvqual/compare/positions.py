@@ -301,11 +301,18 @@ def _kl_matched(bc: np.ndarray, p: np.ndarray, cc: np.ndarray, q_top: np.ndarray
 
 
 def _top1(codes: np.ndarray, lp: np.ndarray, arrays: TokenArrays) -> np.ndarray:
-    """The top-1 code of each row; ties on the logprob broken by the larger token string."""
-    best = lp.argmax(axis=1)
-    top = codes[np.arange(codes.shape[0]), best]
-    tied = np.flatnonzero((lp == lp.max(axis=1, keepdims=True)).sum(axis=1) > 1)
-    for i in tied:
+    """The top-1 code of each row; ties on the logprob broken by the larger token string. Column by
+    column (k elementwise steps): numpy's reductions over a short last axis are slow."""
+    best, at = lp[:, 0].copy(), np.zeros(lp.shape[0], dtype=np.intp)
+    tied = np.zeros(lp.shape[0], dtype=bool)
+    for j in range(1, lp.shape[1]):
+        col = lp[:, j]
+        above = col > best
+        tied = (tied & ~above) | ((col == best) & (codes[:, j] != PAD))
+        best = np.where(above, col, best)
+        at[above] = j
+    top = codes[np.arange(codes.shape[0]), at]
+    for i in np.flatnonzero(tied):
         row = np.flatnonzero((lp[i] == lp[i].max()) & (codes[i] != PAD))
         top[i] = max(codes[i][row], key=lambda c: arrays.name(int(c)))
     return top

@@ -221,6 +221,7 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     again = forcing["b2"] if forced_b2 else None
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
     sections, inputs, plots, evidence = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops)
+    divergences = plots.pop("divergence_by_key")  # for the examples; not a plot
     if teacher_forcing and refused:
         inputs = _refused_coverage(inputs, tf_note or "")
     tb, tc = mx.throughput_pairs(base_s, cand_s)
@@ -284,7 +285,7 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
             "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)}},
         "capacity": capacity(bm, cm),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
-        "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s, tokens=(arm_b.tokens, arm_c.tokens)),
+        "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s, divergences=divergences),
     }
 
 
