@@ -76,7 +76,7 @@ max_tokens = 32
     # KV capacity of both arms (VLLM_CPU_KVCACHE_SPACE=1 GiB: fp8 holds twice the tokens)
     cap = report["capacity"]
     assert cap["baseline"] > 0 and cap["candidate"] == 2 * cap["baseline"] and cap["ratio"] == 2.0
-    assert "KV capacity:" in r.stdout
+    assert "KV capacity:" in r.stdout, r.stderr[-3000:]
     # token criteria evaluated on every pair, chat items included, by exact token ids
     tf = report["teacher_forcing"]
     assert tf["pairs"] == 16 and tf["usable"] == 16, tf

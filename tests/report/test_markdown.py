@@ -118,3 +118,11 @@ def test_epoch_timestamps_render_as_utc_iso(report):
     r = copy.deepcopy(report)
     r["runs"]["baseline"]["started_at"] = 1_796_079_600
     assert "| Started | 2026-11-30T23:00:00Z | 2026-11-30T22:40:00Z |" in render_markdown(r)
+
+
+def test_an_unbounded_side_reads_as_infinity() -> None:
+    from kvqual.report.summary import fmt_interval
+
+    assert fmt_interval([0.013, None]) == "[0.013, ∞)"
+    assert fmt_interval([None, 2.5]) == "(−∞, 2.5]"
+    assert fmt_interval([None, None]) == "—"

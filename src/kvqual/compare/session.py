@@ -363,7 +363,9 @@ def console_summary(report: dict[str, Any]) -> str:
     lines += ["", f"{'criterion':<28}{'role':<9}{'estimate':>10}  {'interval':<22}{'bound':<16}status"]
     for c in v["criteria"]:
         est = "—" if c["estimate"] is None else f"{c['estimate']:.4g}"
-        ci = "—" if c["ci_low"] is None else f"[{c['ci_low']:.4g}, {c['ci_high']:.4g}]"
+        ci = "—" if c["ci_low"] is None and c["ci_high"] is None else (
+            ("(−∞" if c["ci_low"] is None else f"[{c['ci_low']:.4g}") + ", "
+            + ("∞)" if c["ci_high"] is None else f"{c['ci_high']:.4g}]"))  # a null end: unbounded (±inf in JSON)
         lines.append(f"{c['label']:<28}{c['role']:<9}{est:>10}  {ci:<22}{bound_text(c):<16}{c['status'].upper()}")
     ov = report["suites"].get("overall", {})
     gen, tok = (ov.get("generation") or {}).get("ab"), (ov.get("teacher") or {}).get("ab")

@@ -129,11 +129,12 @@ def fmt_pct(value: Any) -> str:
 
 
 def fmt_interval(pair: Any) -> str:
-    """A [lo, hi] pair as '[lo, hi]'; '—' when absent or both ends are null."""
+    """A [lo, hi] pair as '[lo, hi]'; '—' when absent or both ends are null. One null end is an
+    unbounded side (report.json writes ±inf as null): '[lo, ∞)', '(−∞, hi]'."""
     lo, hi = get(pair, 0), get(pair, 1)
     if lo is None and hi is None:
         return MISSING
-    return f"[{fmt_num(lo)}, {fmt_num(hi)}]"
+    return ("(−∞" if lo is None else f"[{fmt_num(lo)}") + ", " + ("∞)" if hi is None else f"{fmt_num(hi)}]")
 
 
 def fmt_time(value: Any) -> str:
