@@ -154,14 +154,14 @@ class Sample:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Sample":
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs = {k: v for k, v in data.items() if k in _SAMPLE_FIELD_SET}
         if kwargs.get("logprobs") is not None:
             kwargs["logprobs"] = TokenLogprobs.from_json(kwargs["logprobs"])
         return cls(**kwargs)
 
 
 _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
+_SAMPLE_FIELD_SET = frozenset(_SAMPLE_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -110,3 +110,14 @@ def test_topk_kl_rows_match_scalar_on_edge_cases() -> None:
         pp = pos.compare_forced(pos.from_logprobs({("s", "1", 0): _Rec(lp_a)}),
                                 pos.from_logprobs({("s", "1", 0): _Rec(lp_b)}), [("s", "1", 0)])
         assert pp.kl[0] == pytest.approx(tk.topk_kl(lp_a.top_logprobs[0], lp_b.top_logprobs[0]), rel=1e-6, abs=1e-9)
+
+
+def test_common_prefix_is_the_first_differing_character() -> None:
+    import os
+
+    from kvqual.compare.metrics import common_prefix
+
+    rng = np.random.default_rng(13)
+    for _ in range(2000):
+        a, b = ("".join(rng.choice(list("ab"), int(rng.integers(0, 20)))) for _ in range(2))
+        assert common_prefix(a, b) == len(os.path.commonprefix([a, b]))

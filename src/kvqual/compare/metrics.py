@@ -8,7 +8,6 @@ visible in the reliability section and in the failed-rate criteria.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,6 +370,19 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
     return sections, inputs, plots, evidence
 
 
+def common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix of two strings: a binary search on slice equality, which runs in
+    C (os.path.commonprefix compares character by character in Python)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int = 8,
              tokens: tuple[pos.TokenArrays | None, pos.TokenArrays | None] = (None, None),
              divergences: Mapping[Key, int | None] | None = None) -> list[dict[str, Any]]:
@@ -382,7 +394,7 @@ def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int 
         if b is None or not (a.ok and b.ok) or a.text == b.text:
             continue
         d = divergences[k] if divergences is not None and k in divergences else divergence(a, b, *tokens)
-        char = len(os.path.commonprefix([a.text or "", b.text or ""]))  # the first differing character
+        char = common_prefix(a.text or "", b.text or "")
         flip = (a.score or 0) != (b.score or 0)
         rows.append((not flip, d if d is not None else 10**9, -abs((b.completion_tokens or 0) - (a.completion_tokens or 0)),
                      {"suite": k[0], "id": k[1], "repeat": k[2], "first_divergence": d, "divergence_char": char,

@@ -62,7 +62,7 @@ def _narrow(codes: np.ndarray) -> np.ndarray:
 
 
 def _offsets(lists: pa.ListArray) -> np.ndarray:
-    return lists.offsets.to_numpy().astype(np.int64)
+    return lists.offsets.to_numpy().astype(np.int64, copy=False)
 
 
 def _flat_lists(table: pa.Table, ids_col: str, str_col: str, names: dict[int, str],
@@ -71,12 +71,12 @@ def _flat_lists(table: pa.Table, ids_col: str, str_col: str, names: dict[int, st
     ids = table.column(ids_col).combine_chunks()
     strs = table.column(str_col).combine_chunks()
     if use_ids.all():
-        return ids.flatten().to_numpy().astype(np.int64), _offsets(ids)
+        return ids.flatten().to_numpy().astype(np.int64, copy=False), _offsets(ids)
     if not use_ids.any():
         return _codes(strs.flatten(), names), _offsets(strs)
     parts, starts = [], [0]
     for r in range(table.num_rows):  # mixed rows (rare): one at a time
-        vals = ids[r].values.to_numpy().astype(np.int64) if use_ids[r] else _codes(strs[r].values, names)
+        vals = ids[r].values.to_numpy().astype(np.int64, copy=False) if use_ids[r] else _codes(strs[r].values, names)
         parts.append(vals)
         starts.append(starts[-1] + vals.size)
     return np.concatenate(parts) if parts else np.zeros(0, np.int64), np.asarray(starts, dtype=np.int64)
@@ -115,7 +115,7 @@ class TokenArrays:
         inner_ids = cls._inner(top_ids, table.column("top_tokens").combine_chunks(), with_ids)
         codes, inner_starts, per_row = inner_ids(names)
         lps = table.column("top_logprobs").combine_chunks()
-        lp_values = lps.flatten().flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+        lp_values = lps.flatten().flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
         lengths = np.diff(inner_starts)
         k = int(lengths.max()) if lengths.size else 0
         p = lengths.size
@@ -139,7 +139,7 @@ class TokenArrays:
             """(codes of every top-k entry, starts of each position's entries, positions per row)."""
             if with_ids.all():
                 inner = top_ids.flatten()
-                return inner.flatten().to_numpy().astype(np.int64), _offsets(inner), np.diff(_offsets(top_ids))
+                return inner.flatten().to_numpy().astype(np.int64, copy=False), _offsets(inner), np.diff(_offsets(top_ids))
             if not with_ids.any():
                 inner = top_tokens.flatten()
                 return _codes(inner.flatten(), names), _offsets(inner), np.diff(_offsets(top_tokens))
@@ -149,7 +149,7 @@ class TokenArrays:
                 per_row.append(len(lists))
                 for pos in range(len(lists)):
                     vals = lists[pos].values
-                    codes.append(vals.to_numpy().astype(np.int64) if with_ids[r] else _codes(vals, names))
+                    codes.append(vals.to_numpy().astype(np.int64, copy=False) if with_ids[r] else _codes(vals, names))
                     lens.append(len(vals))
             starts = np.zeros(len(lens) + 1, dtype=np.int64)
             np.cumsum(lens, out=starts[1:])
