@@ -86,7 +86,7 @@ def _one(values: pa.Array | None, typ: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array([0, len(values)], type=pa.int32()), values)
 
 
-def _row(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
+def row_batch(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
     """One record as a one-row batch, built from flat arrays (nested Python lists through
     `from_pydict` cost ~2 ms per 256 × top-5 answer; this is the runner's hot path)."""
     tokens = list(lp.tokens)
@@ -116,7 +116,7 @@ def _row(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-def _keep(columns: Iterable[str] | None) -> list[str] | None:
+def with_key(columns: Iterable[str] | None) -> list[str] | None:
     return None if columns is None else ["suite", "id", "repeat", *[c for c in columns if c not in ("suite", "id", "repeat")]]
 
 
@@ -126,7 +126,7 @@ def iter_batches(path: Path, columns: Iterable[str] | None = None) -> Iterator[p
     caller keeps. Rows are as written: a key may repeat (the last row wins)."""
     if not (path.is_file() and path.stat().st_size):
         return
-    keep = _keep(columns)
+    keep = with_key(columns)
     with pa.OSFile(str(path), "rb") as source:
         try:
             reader = pa.ipc.open_stream(source)
@@ -143,7 +143,7 @@ def iter_batches(path: Path, columns: Iterable[str] | None = None) -> Iterator[p
 def read_table(path: Path, columns: Iterable[str] | None = None) -> pa.Table:
     """Every whole row of a token file (a torn last batch dropped), only `columns` (plus the key)
     read; the last row of a key wins. An empty table when the file does not exist."""
-    keep = _keep(columns)
+    keep = with_key(columns)
     schema = SCHEMA if keep is None else pa.schema([SCHEMA.field(c) for c in keep])
     return _last_per_key(pa.Table.from_batches(list(iter_batches(path, columns)), schema=schema))
 
@@ -221,7 +221,7 @@ class TokenFile:
         return out
 
     def append(self, key: Key, lp: TokenLogprobs) -> None:
-        self._writer.write_batch(_row(key, lp))
+        self._writer.write_batch(row_batch(key, lp))
         self._sink.flush()
 
     def close(self) -> None:

@@ -94,6 +94,7 @@ class TokenArrays:
     top_lp: np.ndarray | None = None  # (P, K) float32, -inf at PAD
     top_ok: np.ndarray | None = None  # (rows,) bool: one top-k list per token
     names: dict[int, str] = field(default_factory=dict)  # code → string for non-id codes
+    released: bool = False  # the per-position arrays were dropped (`release`): only `index` is left
 
     @classmethod
     def from_table(cls, table: pa.Table, top_k: bool = True) -> "TokenArrays":
@@ -187,7 +188,7 @@ class TokenArrays:
         self.released = True
 
     def rows(self, keys: Iterable[Key]) -> np.ndarray:
-        assert not getattr(self, "released", False), "per-position arrays used after release()"
+        assert not self.released, "per-position arrays used after release()"
         return np.fromiter((self.index[k] for k in keys), dtype=np.int64)
 
     def lengths(self, rows: np.ndarray) -> np.ndarray:
@@ -207,8 +208,8 @@ def load(jsonl: Path, records: Mapping[Key, object] = {}, top_k: bool = True) ->
     carry their logprobs inline (lines written before the token files). Converted batch by batch
     and joined once, so the file's Arrow form is never in memory whole beside its arrays."""
     cols = None if top_k else ["token_ids", "tokens", "tokens_are_ids"]
-    inline = [tokenstore._row(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
-    schema = tokenstore.SCHEMA if cols is None else pa.schema([tokenstore.SCHEMA.field(c) for c in tokenstore._keep(cols)])
+    inline = [tokenstore.row_batch(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
+    schema = tokenstore.SCHEMA if cols is None else pa.schema([tokenstore.SCHEMA.field(c) for c in tokenstore.with_key(cols)])
     parts = [TokenArrays.from_table(pa.Table.from_batches([b.select(schema.names)]), top_k) for b in inline]
     parts += [TokenArrays.from_table(pa.Table.from_batches([b]), top_k) for b in tokenstore.iter_batches(
         tokenstore.tokens_path(jsonl), cols)]
@@ -217,7 +218,7 @@ def load(jsonl: Path, records: Mapping[Key, object] = {}, top_k: bool = True) ->
 
 def from_logprobs(records: Mapping[Key, object], top_k: bool = True) -> TokenArrays:
     """Arrays from in-memory records with `.logprobs` (tests, and records read without a file)."""
-    batches = [tokenstore._row(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
+    batches = [tokenstore.row_batch(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
     return TokenArrays.from_table(pa.Table.from_batches(batches, schema=tokenstore.SCHEMA), top_k)
 
 
