@@ -54,6 +54,15 @@ def _codes(strings: pa.Array, names: dict[int, str]) -> np.ndarray:
     return codes[pc.index_in(strings, value_set=uniq).to_numpy(zero_copy_only=False)]
 
 
+def _join(parts: Sequence["TokenArrays"], name: str, fit=lambda x: x) -> np.ndarray:
+    """One field of every part joined, each part's copy dropped as soon as it is joined: the peak is
+    the parts plus one field, not the parts plus all of them."""
+    joined = np.concatenate([fit(getattr(p, name)) for p in parts])
+    for p in parts:
+        setattr(p, name, None)
+    return joined
+
+
 def _narrow(codes: np.ndarray) -> np.ndarray:
     """int32 where every code fits (token ids and PAD: half the memory), else int64 (string hashes)."""
     if codes.size and codes.min() >= PAD and codes.max() < 2**31:
@@ -171,13 +180,13 @@ class TokenArrays:
             starts.append(part.starts[1:] + pos_base)
             row += part.starts.size - 1
             pos_base += int(part.starts[-1])
-        out = cls(index, np.concatenate(starts), np.concatenate([p.tokens for p in parts]), names=names)
+        out = cls(index, np.concatenate(starts), _join(parts, "tokens"), names=names)
         if top_k:
             k = max(p.top_codes.shape[1] for p in parts)
-            out.logprob = np.concatenate([p.logprob for p in parts])
-            out.top_codes = np.concatenate([_pad(p.top_codes, k, PAD) for p in parts])
-            out.top_lp = np.concatenate([_pad(p.top_lp, k, -np.inf) for p in parts])
-            out.top_ok = np.concatenate([p.top_ok for p in parts])
+            out.logprob = _join(parts, "logprob")
+            out.top_codes = _join(parts, "top_codes", lambda x: _pad(x, k, PAD))
+            out.top_lp = _join(parts, "top_lp", lambda x: _pad(x, k, -np.inf))
+            out.top_ok = _join(parts, "top_ok")
         return out
 
     def release(self) -> None:
