@@ -241,12 +241,3 @@ class TokenFile:
                 for batch in table.combine_chunks().to_batches(max_chunksize=READ_BATCH):
                     writer.write_batch(batch)
             os.replace(tmp, self.path)
-
-
-def code_array(ids: pa.Array | None, strings: pa.Array | None, vocab: dict[str, int]) -> np.ndarray:
-    """Token codes for vectorized comparison: an id is its own code (≥ 0); a string is −2 − its index
-    in `vocab`, shared by every file one judge reads, so equal strings get equal codes."""
-    if strings is None:
-        return np.asarray(ids, dtype=np.int64)
-    values = strings.to_pylist()
-    return np.fromiter((-2 - vocab.setdefault(s, len(vocab)) for s in values), dtype=np.int64, count=len(values))
