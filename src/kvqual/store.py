@@ -99,12 +99,7 @@ def load_samples(run_dir: str | Path, logprobs: Literal["all", "tokens", "inline
         else:
             stored.discard(sample.key)
     if stored and logprobs != "inline":
-        rows = tokenstore.load_logprobs(tokenstore.tokens_path(path), top_k=logprobs == "all")
-        for key in stored:
-            if key in rows:
-                out[key] = replace(out[key], logprobs=rows[key])
-            else:  # a line whose row is not there: not an answer (the row is written first)
-                del out[key]
+        tokenstore.attach(out, stored, path, top_k=logprobs == "all")
     return out
 
 
@@ -295,8 +290,6 @@ CARRIED_COUNTS = ("retries", "reconnects")  # summed over every session of a run
 
 def _resumed(new: RunManifest, old: RunManifest) -> RunManifest:
     """Keep the original start time and the retries and reconnects so far; count the resume."""
-    from dataclasses import replace
-
     resumes = int(old.counts.get("resumes", 0)) + 1
     carried = {k: int(old.counts.get(k, 0)) for k in CARRIED_COUNTS}
     return replace(new, started_at=old.started_at, counts={**new.counts, **carried, "resumes": resumes})

@@ -21,6 +21,7 @@ float32 values widened to JSON doubles, so nothing is lost on those).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from itertools import chain
@@ -241,3 +242,15 @@ class TokenFile:
                 for batch in table.combine_chunks().to_batches(max_chunksize=READ_BATCH):
                     writer.write_batch(batch)
             os.replace(tmp, self.path)
+
+
+def attach(records: dict, stored: Iterable[Key], jsonl: Path, top_k: bool = True) -> None:
+    """Give the records of `stored` keys (lines marked `token_data`) their logprobs from the token
+    file beside `jsonl`; a record whose row is not there is dropped: the row is written before
+    its line, so such a line was never a whole answer (the next pass asks it again)."""
+    rows = load_logprobs(tokens_path(jsonl), top_k=top_k)
+    for key in stored:
+        if key in rows:
+            records[key] = dataclasses.replace(records[key], logprobs=rows[key])
+        else:
+            del records[key]

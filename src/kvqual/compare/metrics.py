@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -38,10 +38,6 @@ class Forcing:
     def __init__(self, records: Mapping[Key, Forced], arrays: pos.TokenArrays | None = None,
                  path: Path | None = None) -> None:
         self.records, self._arrays, self._path = records, arrays, path
-
-    @classmethod
-    def of(cls, records: Mapping[Key, Forced], arrays: pos.TokenArrays | None = None) -> "Forcing":
-        return cls(records, arrays)
 
     @property
     def arrays(self) -> pos.TokenArrays:
@@ -317,11 +313,17 @@ def _token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tu
                       floor_note=note), coverage
 
 
+class Built(NamedTuple):
+    sections: dict[str, Any]  # per-suite + overall metrics
+    inputs: GateInputs  # the gate's inputs over all units
+    plots: dict[str, Any]  # the data behind the report's plots
+    evidence: TokenEvidence | None  # the teacher-forced comparisons, for the earlier looks to reuse
+    examples: list[dict[str, Any]]  # the most divergent pairs
+
+
 def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None, teacher_forcing: bool = True,
-          loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None,
-          ) -> tuple[dict[str, Any], GateInputs, dict[str, Any], TokenEvidence | None]:
-    """Per-suite + overall metrics, the gate's inputs (all units), the data behind the report's
-    plots, and the teacher-forced evidence (for the earlier looks to reuse)."""
+          loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None) -> Built:
+    """Everything the report says about the pairs, each piece computed once (`Built`)."""
     keys = sorted(base.samples)
     suites = sorted({k[0] for k in keys})
     ab_all, _ = _pairs(base.samples, cand.samples, keys)
@@ -347,7 +349,8 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
                            if aap else None},
             "teacher": {"ab": token_metrics(ab_tok, tok_keys, len(sk)),
                         "aa": token_metrics(aa_tok, aa_keys, len(sk)) if aa_tok is not None else None},
-            "reliability": {                "base_failed": sum(1 for k in sk if not base.samples[k].ok),
+            "reliability": {
+                "base_failed": sum(1 for k in sk if not base.samples[k].ok),
                 "cand_failed": sum(1 for k in sk if k not in cand.samples or not cand.samples[k].ok),
                 "aa_failed": sum(1 for k in aak if not aa.samples[k].ok) if aa is not None else None,
                 "pairs": len(ab), "dropped_pairs": dropped},
@@ -358,7 +361,6 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
         "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],
                     "cand": [b.completion_tokens or 0 for _, b in ab_all],
                     "aa": [b.completion_tokens or 0 for _, b in aa_all] if aa_all else None},
-        "divergence_by_key": div_ab,
         "first_divergence": {"ab": [div_ab[a.key] for a, _ in ab_all],
                              "aa": [div_aa[a.key] for a, _ in aa_all] if aa_all else None},
         "by_position": {"ab": (sections[OVERALL]["teacher"]["ab"] or {}).get("by_position"),
@@ -367,7 +369,7 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
                       "wrong_to_right": sections[s]["task"]["ab"]["flips_wrong_to_right"]}
                   for s in suites if sections[s]["task"]["ab"]},
     }
-    return sections, inputs, plots, evidence
+    return Built(sections, inputs, plots, evidence, examples(base.samples, cand.samples, divergences=div_ab))
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -384,7 +386,6 @@ def common_prefix(a: str, b: str) -> int:
 
 
 def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int = 8,
-             tokens: tuple[pos.TokenArrays | None, pos.TokenArrays | None] = (None, None),
              divergences: Mapping[Key, int | None] | None = None) -> list[dict[str, Any]]:
     """The most divergent pairs: earliest first divergence first, then biggest length change
     (`divergences`: the pairs' first divergences, where the caller has them)."""
@@ -393,7 +394,7 @@ def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int 
         b = cand.get(k)
         if b is None or not (a.ok and b.ok) or a.text == b.text:
             continue
-        d = divergences[k] if divergences is not None and k in divergences else divergence(a, b, *tokens)
+        d = divergences[k] if divergences is not None and k in divergences else divergence(a, b)
         char = common_prefix(a.text or "", b.text or "")
         flip = (a.score or 0) != (b.score or 0)
         rows.append((not flip, d if d is not None else 10**9, -abs((b.completion_tokens or 0) - (a.completion_tokens or 0)),

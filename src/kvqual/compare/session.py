@@ -212,16 +212,15 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     sizes = [n for n in plan["sizes"] if n <= prefix] or [prefix]
     judged = set(order[: sizes[-1]])
     base_s, aa_s = _keys_in(base_s, judged), (_keys_in(aa_s, judged) if aa_s is not None else None)
-    forcing = {name: _forcing(teacher_file(base_dir, run_id, again), records)
-               for name, run_id, again, records in (("b", bm.run_id, False, forced_b), ("b2", bm.run_id, True, forced_b2),
-                                                    ("c", cm.run_id, False, forced_c))}
-    arm_b = mx.Arm(base_s, forcing["b"], pos.load(base_dir / SAMPLES, base_s, top_k=False))
-    arm_c = mx.Arm(cand_s, forcing["c"], pos.load(cand_dir / SAMPLES, cand_s, top_k=False))
-    arm_a = mx.Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_s is not None and aa_dir else None
-    again = forcing["b2"] if forced_b2 else None
+    arm_b = mx.Arm(base_s, _forcing(teacher_file(base_dir, bm.run_id), forced_b),
+                   pos.load(base_dir / SAMPLES, base_s, top_k=False))
+    arm_c = mx.Arm(cand_s, _forcing(teacher_file(base_dir, cm.run_id), forced_c),
+                   pos.load(cand_dir / SAMPLES, cand_s, top_k=False))
+    arm_a = mx.Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_dir and aa_s is not None else None
+    again = _forcing(teacher_file(base_dir, bm.run_id, True), forced_b2) if forced_b2 else None
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
-    sections, inputs, plots, evidence = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops)
-    divergences = plots.pop("divergence_by_key")  # for the examples; not a plot
+    built = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops)
+    sections, inputs, plots, evidence = built.sections, built.inputs, built.plots, built.evidence
     if teacher_forcing and refused:
         inputs = _refused_coverage(inputs, tf_note or "")
     tb, tc = mx.throughput_pairs(base_s, cand_s)
@@ -285,7 +284,7 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
             "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)}},
         "capacity": capacity(bm, cm),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
-        "suites": sections, "speed": speed, "plots": plots, "examples": mx.examples(base_s, cand_s, divergences=divergences),
+        "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
     }
 
 

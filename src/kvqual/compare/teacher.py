@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -422,10 +421,5 @@ def load_forced(path: Path, logprobs: bool = True) -> dict[tuple[str, str, int],
         out[key] = f
         (stored.add if obj.get(TOKEN_DATA) else stored.discard)(key)
     if stored and logprobs:
-        rows = tokenstore.load_logprobs(tokenstore.tokens_path(path))
-        for key in stored:
-            if key in rows:
-                out[key] = dataclasses.replace(out[key], logprobs=rows[key])
-            else:  # its row is not there (the row is written first): forced again
-                del out[key]
+        tokenstore.attach(out, stored, path)
     return out
