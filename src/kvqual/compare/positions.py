@@ -217,9 +217,9 @@ def load(jsonl: Path, records: Mapping[Key, object] = {}, top_k: bool = True) ->
     carry their logprobs inline (lines written before the token files). Converted batch by batch
     and joined once, so the file's Arrow form is never in memory whole beside its arrays."""
     cols = None if top_k else ["token_ids", "tokens", "tokens_are_ids"]
-    inline = [tokenstore.row_batch(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
     schema = tokenstore.SCHEMA if cols is None else pa.schema([tokenstore.SCHEMA.field(c) for c in tokenstore.with_key(cols)])
-    parts = [TokenArrays.from_table(pa.Table.from_batches([b.select(schema.names)]), top_k) for b in inline]
+    inline = _inline(records)
+    parts = [TokenArrays.from_table(inline.select(schema.names), top_k)] if inline.num_rows else []
     parts += [TokenArrays.from_table(pa.Table.from_batches([b]), top_k) for b in tokenstore.iter_batches(
         tokenstore.tokens_path(jsonl), cols)]
     return TokenArrays.concat(parts, top_k) if parts else TokenArrays.from_table(schema.empty_table(), top_k)
@@ -227,8 +227,13 @@ def load(jsonl: Path, records: Mapping[Key, object] = {}, top_k: bool = True) ->
 
 def from_logprobs(records: Mapping[Key, object], top_k: bool = True) -> TokenArrays:
     """Arrays from in-memory records with `.logprobs` (tests, and records read without a file)."""
+    return TokenArrays.from_table(_inline(records), top_k)
+
+
+def _inline(records: Mapping[Key, object]) -> pa.Table:
+    """The records that carry their logprobs, as token-file rows."""
     batches = [tokenstore.row_batch(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
-    return TokenArrays.from_table(pa.Table.from_batches(batches, schema=tokenstore.SCHEMA), top_k)
+    return pa.Table.from_batches(batches, schema=tokenstore.SCHEMA)
 
 
 def _gather(starts: np.ndarray, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
