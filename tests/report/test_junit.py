@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from kvqual.report.junit import render_junit
@@ -28,15 +29,17 @@ def test_fail_carries_estimate_and_bound(report):
     failures = [(c.get("name"), c.find("failure")) for c in cases if c.find("failure") is not None]
     assert [name for name, _ in failures] == ["kl_excess"]
     message = failures[0][1].get("message")
-    assert "estimate 0.041" in message and "bound ≤ 0.03" in message and "CI [0.034, 0.049]" in message
+    # the same display units as report.md: KL in nats per token
+    assert re.match(r"estimate 0\.0410* nats/token, CI \[0\.0340*, 0\.0490*\] \(90%\), bound ≤ 0\.03 nats/token — ",
+                    message), message
 
 
 def test_inconclusive_and_not_evaluated_are_skipped_not_failed(report):
     _, cases = _cases(report)
     skipped = {c.get("name"): c.find("skipped").get("message") for c in cases if c.find("skipped") is not None}
     assert set(skipped) == {"accuracy", "speedup"}
-    assert skipped["accuracy"].startswith("inconclusive: estimate -0.05")
-    assert "about 140 more items would decide" in skipped["accuracy"]
+    assert re.match(r"inconclusive: estimate [−-]5\.00 points, ", skipped["accuracy"]), skipped["accuracy"]
+    assert skipped["accuracy"].endswith("; about 140 more items would decide")
     assert skipped["speedup"] == "not evaluated: speed not measured (no min_speedup)"
     passed = [c for c in cases if c.find("failure") is None and c.find("skipped") is None]
     assert len(passed) == 4
@@ -53,3 +56,11 @@ def test_nulls_do_not_crash(null_report):
     root, cases = _cases(null_report)
     assert len(cases) == 1 and cases[0].get("classname") == "overall"
     assert cases[0].find("skipped").get("message") == "not evaluated: no data"
+
+
+def test_inconclusive_names_the_unit_it_needs_more_of(report):
+    """A criterion clustered by shared context needs more *contexts*, not more items."""
+    report["verdict"]["criteria"][0]["unit"] = "contexts"
+    _, cases = _cases(report)
+    skipped = next(c.find("skipped").get("message") for c in cases if c.get("name") == "accuracy")
+    assert skipped.endswith("; about 140 more contexts would decide")

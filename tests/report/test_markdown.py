@@ -1,68 +1,200 @@
-"""report.md: verdict first, the criteria table, what was compared, size limit, escaping."""
+"""report.md: a PR comment that reads as a decision — verdict, why, what next, criteria, what was
+compared and speed in ≤ 60 lines; the long parts folded in <details>; GitHub tables that parse;
+words for status, never emoji; escaping and the comment size limit."""
 
 from __future__ import annotations
 
 import copy
+import re
+import unicodedata
+from typing import Any
 
 from markdown_it import MarkdownIt
 
+from kvqual.report import summary as S
 from kvqual.report.markdown import GITHUB_COMMENT_LIMIT, cell, code_block, render_markdown
+
+PR_COMMENT_LINES = 60
 
 
 def _gfm_html(text: str) -> str:
-    return MarkdownIt("commonmark", {"html": True}).enable("table").render(text)
+    """GitHub-flavoured enough: CommonMark with raw HTML (for <details>) and GFM tables."""
+    return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(text)
 
 
-def test_verdict_and_reason_come_first(report):
+def outside_details(text: str) -> list[str]:
+    """The lines a reader sees before unfolding anything: <summary> lines count, their bodies don't."""
+    shown, depth = [], 0
+    for line in text.splitlines():
+        if line.startswith("</details>"):
+            depth -= 1
+            shown.append(line)
+            continue
+        if depth == 0:
+            shown.append(line)
+        if line.startswith("<details>"):
+            depth += 1
+    assert depth == 0, "unbalanced <details>"
+    return shown
+
+
+def large_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The sample grown to 14 suites (one accuracy criterion each), 3 sequential looks, KV capacity,
+    6 warnings and --allow-mismatch: every optional line of the head at once."""
+    big = copy.deepcopy(report)
+    names = [f"suite-{i:02d}" for i in range(14)]
+    arith, criteria = big["suites"]["arith"], big["verdict"]["criteria"]
+    accuracy = next(c for c in criteria if c["name"] == "accuracy")
+    big["suites"].update({n: copy.deepcopy(arith) for n in names})
+    big["verdict"]["criteria"] = criteria + [dict(accuracy, suite=n, status="pass" if i % 3 else "inconclusive")
+                                             for i, n in enumerate(names)]
+    for arm in ("baseline", "candidate", "aa"):
+        big["runs"][arm]["suites"] += [{"name": n, "sha256": "ab" * 32, "n_items": 50} for n in names]
+    labels = [c.get("label") or c["name"] for c in big["verdict"]["criteria"]]
+    big["verdict"]["sequential"] = {
+        "planned_looks": 4, "pool": 800, "sizes": [200, 400, 600, 800], "nominal_alpha": 0.0193,
+        "stop": "decided at look 3 of 4 (600 of 800 items)", "overlap": False,
+        "looks": [{"look": k, "items": 200 * k, "verdict": "INCONCLUSIVE" if k < 3 else "FAIL",
+                   "criteria": {label: {"estimate": 0.01, "ci_low": 0.0, "ci_high": 0.05, "status": "pass", "n": 200 * k}
+                                for label in labels}} for k in (1, 2, 3)]}
+    big["capacity"] = {"baseline": 116_000, "candidate": 376_000, "ratio": 3.24}
+    big["warnings"] = [f"warning {i}: something the reader should know" for i in range(6)]
+    big["allow_mismatch"] = True
+    return big
+
+
+def _criteria_lines(text: str) -> list[str]:
+    section = text.split("### Criteria")[1].split("\n\n", 2)[1]
+    return [line for line in section.splitlines() if line.startswith("| ")][1:]
+
+
+def test_verdict_why_and_what_next_come_first(report):
     lines = render_markdown(report).splitlines()
-    assert lines[0] == "## ❌ kvqual: **FAIL** — fp8 vs bf16"
-    assert lines[2].startswith("**kl_excess (overall): mean KL beyond the A/A floor 0.041 &gt; 0.03")
-    assert "Exit code 1." in lines[4]
+    assert lines[0] == "## kvqual: **FAIL** — fp8 vs bf16 (exit code 1)"
+    assert lines[2].startswith("- **Why:** mean KL beyond A/A floor is shown outside its bound: ")
+    assert "bound ≤ 0.03 nats/token" in lines[2]
+    assert lines[3].startswith("- **Next:** do not ship this config")
+    assert "**Warning:** fp8 server reported kv_scale 1.0 for every layer" in "\n".join(lines[:10])
 
 
-def test_criteria_table_has_one_row_per_criterion_with_estimate_ci_bound_status(report):
+def test_criteria_table_has_one_row_per_criterion_in_the_shared_display_units(report):
     text = render_markdown(report)
-    assert "| mean KL beyond A/A floor | overall | primary | 0.041 | [0.034, 0.049] (90%) | ≤ 0.03 | ❌ fail | 40 items |" in text
-    assert "| accuracy difference (cand − base) | arith | primary | -0.05 | [-0.16, 0.06] (90%) | ≥ -0.05 | ⚠️ inconclusive (≈140 more items would decide) |" in text
-    assert "| within [0.9, 1.1] | ✅ pass |" in text
-    assert "| throughput ratio (cand / base) | overall | primary | — | — | — | ➖ not_evaluated |" in text
-    section = text.split("### Criteria")[1].split("###")[0]
-    rows = [l for l in section.splitlines() if l.startswith("| ") and "Criterion" not in l]
-    assert len(rows) == len(report["verdict"]["criteria"]) == 7
+    rows = _criteria_lines(text)
+    expected = S.criterion_rows(report)
+    assert len(rows) == len(expected) == 7
+    for line, row in zip(rows, expected):
+        assert line.startswith(f"| {cell(row.label)} | {row.suite} | {row.role} | {cell(row.estimate)} | "
+                               f"{cell(row.ci)} | {cell(row.bound)} | "), line
+    accuracy = rows[0].split(" | ")
+    assert re.fullmatch(r"[−-]5\.00 (points|pts)", accuracy[3]), accuracy  # points, 3 significant figures
+    assert re.fullmatch(r"\[[−-]16\.0, \+?6\.00\] \(90%\)", accuracy[4]), accuracy
+    assert accuracy[6] == "**INCONCLUSIVE** (≈140 more items would decide)"
+    statuses = [line.split(" | ")[6] for line in rows]
+    assert statuses == ["**INCONCLUSIVE** (≈140 more items would decide)", "pass", "**FAIL**", "pass", "pass",
+                        "pass", "not evaluated"]
 
 
-def test_what_was_compared_names_targets_models_dtypes_scales_suites_and_floor(report):
-    text = render_markdown(report)
-    assert "| Target | bf16 | fp8 | bf16 |" in text
-    assert "| Model | SmolLM2-135M-Instruct | SmolLM2-135M-Instruct | SmolLM2-135M-Instruct |" in text
-    assert "| KV cache dtype (configured) | bf16 | fp8_e4m3 | bf16 |" in text
-    assert "| KV cache dtype (server-reported) | bf16 | fp8_e4m3 | bf16 |" in text
-    assert "| KV scale (server-reported) | not reported | 1.0 | not reported |" in text
-    assert "| arith | 20 | 3f5a9c0e7b21 | 20 | 20 | 0 |" in text
-    assert "| overall | same top-1 token | 92.6% | 98.9% |" in text
-    assert "Throughput ratio (cand / base): **1.181**, CI [1.09, 1.27]" in text
-    assert "```sh\nkvqual compare bf16 fp8 --limit 20\n```" in text
-    assert "fp8 server reported kv_scale 1.0 for every layer" in text
+def test_status_is_words_not_emoji(report, null_report):
+    for r in (report, null_report, large_report(report)):
+        text = render_markdown(r)
+        emoji = {ch for ch in text if unicodedata.category(ch) == "So" and ord(ch) >= 0x2600 or ch == "\ufe0f"}
+        assert not emoji, emoji
+
+
+def test_fits_a_pr_comment_and_folds_the_long_parts(report):
+    for r in (report, large_report(report)):
+        text = render_markdown(r)
+        shown = outside_details(text)
+        assert len(shown) <= PR_COMMENT_LINES, len(shown)
+        head = "\n".join(shown)
+        for needle in ("**Why:**", "**Next:**", "### Criteria", "### What was compared, and speed",
+                       "Throughput ratio (cand / base)"):
+            assert needle in head, needle
+        for folded in ("Metrics against the A/A noise floor", "Runs, suites and every speed figure", "Reproduce"):
+            summary = next(line for line in shown if folded in line)
+            assert summary.startswith("<details><summary>")
+        assert "| overall | accuracy, baseline |" not in head  # the per-suite metrics are folded
+        assert "| overall | accuracy, baseline |" in text
+
+
+def test_the_large_report_shows_failing_and_open_criteria_first(report):
+    big = large_report(report)
+    text = render_markdown(big)
+    rows = _criteria_lines(text)
+    assert len(rows) == 12 < len(big["verdict"]["criteria"]) == 21
+    statuses = [line.split(" | ")[6].split(" (")[0] for line in rows]
+    assert statuses[0] == "**FAIL**" and statuses[1:6] == ["**INCONCLUSIVE**"] * 5 and "pass" in statuses[6:]
+    assert "_9 more criteria in the full table below (failing and inconclusive ones are listed first)._ PASS" in text
+    head = "\n".join(outside_details(text))
+    assert "KV capacity: 116,000 tokens → 376,000 tokens" in head and "--allow-mismatch" in head
+    assert "- 3 more warnings: see below." in head and "<details><summary>All 6 warnings</summary>" in text
+    assert "and 10 more" in head  # suites named in one line, not one row each
 
 
 def test_renders_as_github_markdown_tables(report):
+    for r in (report, large_report(report)):
+        text = render_markdown(r)
+        html = _gfm_html(text)
+        pipe_tables = len(re.findall(r"^\|---", text, flags=re.M))
+        assert pipe_tables >= 6 and html.count("<table>") == pipe_tables  # every table parses as one
+        assert html.count("<details>") == html.count("</details>") == text.count("<details>")
+        assert "<p>|" not in html  # no table fell back to a paragraph of pipes
     html = _gfm_html(render_markdown(report))
-    assert html.count("<table>") == 5  # criteria, arms, suites, metrics, speed
     criteria_table = html.split("<table>")[1]
     assert criteria_table.count("<tr>") == 1 + 7  # header + one row per criterion
-    assert "<td>≤ 0.03</td>" in criteria_table
-    assert "<td>kl_excess" not in html and "<td>mean KL beyond A/A floor</td>" in html
+    assert "<td>mean KL beyond A/A floor</td>" in criteria_table and "<td>kl_excess" not in html
+    folded = html.split("<summary>Metrics against the A/A noise floor")[1].split("</details>")[0]
+    assert "<table>" in folded and "<td>same top-1 token</td>" in folded
+
+
+def test_what_was_compared_and_speed(report):
+    text = render_markdown(report)
+    section = text.split("### What was compared, and speed")[1].split("<details>")[0]
+    assert "| Baseline | bf16 | SmolLM2-135M-Instruct | bf16 | bf16 | not reported | 40 / 0 |" in section
+    assert "| Candidate | fp8 | SmolLM2-135M-Instruct | fp8_e4m3 | fp8_e4m3 | 1.0 | 40 / 0 |" in section
+    assert "| A/A replicate | bf16 |" in section
+    assert "2 suites: arith (20 items), sampled (20 items)" in section
+    assert "Throughput ratio (cand / base): **1.18×**, CI [1.09, 1.27], at concurrency 8." in section
+    assert "| Target | bf16 | fp8 | bf16 |" in text  # the full run table, folded
+    assert "| arith | 20 | 3f5a9c0e7b21 | 20 | 20 | 0 |" in text
+    assert "```sh\nkvqual compare bf16 fp8 --limit 20\n```" in text
+
+
+def test_a_slower_candidate_is_flagged_in_the_head(report):
+    r = copy.deepcopy(report)
+    r["speed"]["ratio"] = {"estimate": 0.59, "ci_low": 0.55, "ci_high": 0.63}
+    head = render_markdown(r).split("### Criteria")[0]
+    assert "- **Slower:** the candidate's throughput is 0.59× the baseline's (CI [0.55, 0.63])" in head
+
+
+def test_next_step_for_each_verdict(report):
+    inconclusive = copy.deepcopy(report)
+    inconclusive["verdict"].update(verdict="INCONCLUSIVE", exit_code=3)
+    for c in inconclusive["verdict"]["criteria"]:
+        if c["status"] == "fail":
+            c["status"] = "pass"
+    text = render_markdown(inconclusive)
+    assert "- **Why:** accuracy difference (cand − base) (arith) is not yet shown inside its bound: " in text
+    assert "- **Next:** rerun with about 140 more items (a larger suite or a higher --max-items)" in text
+    passing = copy.deepcopy(inconclusive)
+    passing["verdict"].update(verdict="PASS", exit_code=0)
+    for c in passing["verdict"]["criteria"]:
+        c["status"] = "pass" if c["status"] == "inconclusive" else c["status"]
+    text = render_markdown(passing)
+    assert "- **Why:** all 6 evaluated primary criteria are shown inside their bounds, and no guard failed." in text
+    assert "- **Next:** the candidate config can ship on this evidence" in text
 
 
 def test_nulls_and_empty_lists_render_not_measured(null_report):
     text = render_markdown(null_report)
-    assert text.startswith("## ⚠️ kvqual: **INCONCLUSIVE** — candidate vs baseline")
-    assert "**no reason given**" in text
+    assert text.startswith("## kvqual: **INCONCLUSIVE** — candidate vs baseline (exit code 3)")
+    assert "- **Why:** no reason given." in text
+    assert "- **Next:** rerun with more items" in text
     assert "| Target | — | — | not measured |" in text
-    assert "### Throughput\n\n_Not measured._" in text
-    assert "_No suite information recorded._" in text
+    assert "- Speed: not measured." in text
+    assert "_No suite information recorded._" in text and "No suite information recorded;" in text
     assert "(command not recorded)" in text
-    assert "| accuracy difference (cand − base) | overall | primary | — | — | — | ➖ not_evaluated | 0 items |  |" in text
+    assert "| accuracy difference (cand − base) | overall | primary | — | — | — | not evaluated | 0 items |" in text
 
 
 def test_stays_under_github_comment_limit_with_a_note(report):
@@ -72,13 +204,12 @@ def test_stays_under_github_comment_limit_with_a_note(report):
     big["warnings"] = [f"warning {i}: " + "x" * 200 for i in range(500)]
     text = render_markdown(big)
     assert len(text) <= GITHUB_COMMENT_LIMIT
-    assert "more criteria (failing and inconclusive listed first) not shown" in text
+    assert "more criteria not shown (size limit)" in text
     assert "more warnings not shown" in text
-    # failing criteria are listed first, so the cut keeps them (429 of 3000 fail here)
-    section = text.split("### Criteria")[1].split("###")[0]
-    rows = [l for l in section.splitlines() if l.startswith("| ") and "Criterion" not in l]
-    assert rows and all("❌ fail" in r for r in rows)
-    assert text.splitlines()[0].startswith("## ❌ kvqual: **FAIL**")
+    assert len(outside_details(text)) <= PR_COMMENT_LINES
+    rows = _criteria_lines(text)  # failing first: 429 of 3000 fail here
+    assert len(rows) == 12 and all("**FAIL**" in r for r in rows)
+    assert text.splitlines()[0].startswith("## kvqual: **FAIL**")
 
 
 def test_hard_cut_when_even_small_tables_do_not_fit(report):
@@ -86,6 +217,7 @@ def test_hard_cut_when_even_small_tables_do_not_fit(report):
     text = render_markdown(huge)
     assert len(text) <= GITHUB_COMMENT_LIMIT
     assert text.rstrip().endswith("_… report cut to fit the comment size limit; see report.html._")
+    assert text.count("<details>") == text.count("</details>")  # the cut closes the block it fell in
 
 
 def test_cells_escape_pipes_html_and_newlines():
@@ -96,8 +228,9 @@ def test_cells_escape_pipes_html_and_newlines():
 def test_hostile_target_name_is_neutralised(report):
     r = copy.deepcopy(report)
     r["runs"]["candidate"]["target"] = "<img src=x onerror=alert(1)>|fp8"
+    r["warnings"] = ["<script>alert(2)</script>"]
     html = _gfm_html(render_markdown(r))
-    assert "<img src=x" not in html
+    assert "<img src=x" not in html and "<script>" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
 
 

@@ -1,7 +1,8 @@
 """junit.xml: one testcase per gate criterion, so any CI system can show what failed.
 
 Mapping (documented in docs/ci.md): classname = the criterion's suite or "overall";
-pass → plain testcase; fail → <failure> whose message carries estimate, CI and bound;
+pass → plain testcase; fail → <failure> whose message carries estimate, CI and bound (in the
+units report.md shows: accuracy in points, KL in nats per token, ratios as ×);
 inconclusive → <skipped message="inconclusive: …"> (not a failure: the job's exit code 3
 decides how CI treats it); not_evaluated → <skipped message="not evaluated: …">.
 """
@@ -42,7 +43,7 @@ def build_junit(report: Mapping[str, Any]) -> ET.Element:
             failure = ET.SubElement(case, "failure", {"message": message, "type": "kvqual.fail"})
             failure.text = f"{row.label} ({row.suite}): {message}; n={row.n}"
         elif row.status == "inconclusive":
-            more = f"; about {row.n_more} more items would decide" if row.n_more != S.MISSING else ""
+            more = f"; about {row.n_more} more {row.unit} would decide" if row.n_more != S.MISSING else ""
             ET.SubElement(case, "skipped", {"message": f"inconclusive: {message}{more}"})
         elif row.status != "pass":
             ET.SubElement(case, "skipped", {"message": f"not evaluated: {row.detail or 'no data'}"})

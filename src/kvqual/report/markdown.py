@@ -1,9 +1,13 @@
 """report.md: the verdict and its evidence as GitHub Markdown, ready to paste as a PR comment.
 
-Order follows what a reviewer asks: verdict and why, which criteria decided it, what was
-compared (targets, models, KV dtypes and scales, suites), metrics against the A/A floor,
-speed, and the command to reproduce. Long tables are cut so the text stays under GitHub's
-comment limit (65,536 characters), with a note saying what was left out.
+The first screen answers a reviewer: the verdict, one sentence of why, one of what to do next,
+the criteria table, what was compared and the speed, in at most ~60 lines for a realistic
+report. Everything long (per-criterion notes, sequential looks, the full run and suite tables,
+per-suite metrics, every speed figure, the command) sits in `<details>` blocks, which GitHub
+folds; a blank line after each `<summary>` lets it render the Markdown inside. Numbers read as
+people read them: accuracy and rates in percentage points, KL in nats per token, ratios as ×,
+three significant figures. Status is a word, never an emoji (no emoji font needed). Long
+tables are cut so the text stays under GitHub's comment limit (65,536 characters), with a note.
 """
 
 from __future__ import annotations
@@ -15,8 +19,16 @@ from typing import Any
 from kvqual.report import summary as S
 
 GITHUB_COMMENT_LIMIT = 65_536
+CRITERIA_SHOWN = 12  # criteria rows outside <details>; the rest are in the full table below it
+WARNINGS_SHOWN = 3  # warnings in the head; all of them in a folded block when there are more
 _ROW_CAPS: tuple[int | None, ...] = (None, 200, 100, 50, 20, 8, 3)
 _STATUS_ORDER = {"fail": 0, "inconclusive": 1, "pass": 2, "not_evaluated": 3}
+_STATUS_WORD = {"fail": "**FAIL**", "inconclusive": "**INCONCLUSIVE**", "pass": "pass",
+                "not_evaluated": "not evaluated"}
+
+UNITS_NOTE = ("Accuracy and rate differences in percentage points, failed requests in %, ratios (cand / base) "
+              "as ×, KL(base‖cand) in nats per token over the top-k logprobs (the criterion averages items; the "
+              "metrics' token mean pools tokens).")
 
 
 def cell(text: object) -> str:
@@ -45,6 +57,133 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     return lines
 
 
+def details(summary: str, body: list[str]) -> list[str]:
+    """A folded block; the blank line after <summary> makes GitHub render the Markdown in it."""
+    return [f"<details><summary>{inline(summary)}</summary>", ""] + body + ["", "</details>"]
+
+
+def _status(row: S.CriterionRow) -> str:
+    word = _STATUS_WORD.get(row.status, row.status)
+    if row.status == "inconclusive" and row.n_more != S.MISSING:
+        word += f" (≈{row.n_more} more {row.unit} would decide)"
+    return word
+
+
+def _what(row: S.CriterionRow) -> str:
+    return row.label if row.suite == "overall" else f"{row.label} ({row.suite})"
+
+
+def _numbers(row: S.CriterionRow) -> str:
+    return f"{row.estimate}, CI {row.ci}, bound {row.bound}"
+
+
+def why_sentence(report: Mapping[str, Any]) -> str:
+    """One sentence: which criteria decided the verdict, with their numbers."""
+    verdict = str(S.get(report, "verdict", "verdict") or "UNKNOWN")
+    rows = S.criterion_rows(report)
+    failing = [r for r in rows if r.status == "fail"]
+    open_ = [r for r in rows if r.status == "inconclusive" and r.role == "primary"]
+    if verdict == "FAIL" and failing:
+        more = f" ({len(failing) - 1} more criteria failed too)" if len(failing) > 1 else ""
+        return f"{_what(failing[0])} is shown outside its bound: {_numbers(failing[0])}{more}."
+    if verdict == "INCONCLUSIVE" and open_:
+        more = f" ({len(open_) - 1} more primary criteria are open too)" if len(open_) > 1 else ""
+        return f"{_what(open_[0])} is not yet shown inside its bound: {_numbers(open_[0])}{more}."
+    if verdict == "PASS":
+        primary = sum(r.role == "primary" and r.status == "pass" for r in rows)
+        return f"all {primary} evaluated primary criteria are shown inside their bounds, and no guard failed."
+    return S.verdict_line(report)[2] + "."
+
+
+def next_sentence(report: Mapping[str, Any]) -> str:
+    """One sentence: what the reader should do with this verdict."""
+    verdict = str(S.get(report, "verdict", "verdict") or "UNKNOWN")
+    rows = S.criterion_rows(report)
+    if verdict == "PASS":
+        return "the candidate config can ship on this evidence; keep this report with the change."
+    if verdict == "FAIL":
+        return ("do not ship this config: read the most divergent samples in report.html, check the "
+                "candidate's KV scales and flags, then rerun the same command.")
+    if verdict == "INCONCLUSIVE":
+        if any(r.name.startswith("failed_rate") and r.status == "inconclusive" for r in rows):
+            return "too many requests failed to trust the run: fix the server, then rerun (answers on disk are kept)."
+        need = [(int(r.n_more.replace(",", "")), r.unit) for r in rows
+                if r.status == "inconclusive" and r.role == "primary" and r.n_more.replace(",", "").isdigit()]
+        size = f"about {max(need)[0]:,} more {max(need)[1]}" if need else "more items"
+        return (f"rerun with {size} (a larger suite or a higher --max-items); "
+                "repeating the same items does not help.")
+    return "the report has no verdict: check the compare's log."
+
+
+def _speed_bullet(report: Mapping[str, Any]) -> str | None:
+    ratio = S.get(report, "speed", "ratio") or {}
+    est = ratio.get("estimate")
+    if not isinstance(est, (int, float)) or isinstance(est, bool):
+        return None
+    text = f"the candidate's throughput is {S.fmt_num(float(est))}× the baseline's (CI {_ratio_ci(ratio)})"
+    return f"**Slower:** {text}" if est < 1 else f"Speed: {text}"
+
+
+def _ratio_ci(ratio: Mapping[str, Any]) -> str:
+    lo, hi = ratio.get("ci_low"), ratio.get("ci_high")
+    return S.MISSING if lo is None or hi is None else f"[{S.fmt_num(lo)}, {S.fmt_num(hi)}]"
+
+
+def _head(report: Mapping[str, Any]) -> list[str]:
+    verdict, _, _ = S.verdict_line(report)
+    lines = [f"## kvqual: **{verdict}** — {inline(S.title(report))} (exit code {S.exit_code(report)})", "",
+             f"- **Why:** {inline(why_sentence(report))}",
+             f"- **Next:** {inline(next_sentence(report))}"]
+    extras = (S.teacher_line(report), S.sequential_line(report), S.capacity_line(report))
+    lines += [f"- {inline(x)}" for x in extras if x]
+    speed = _speed_bullet(report)
+    if speed:
+        lines.append(f"- {speed}")
+    if report.get("allow_mismatch"):
+        lines.append("- **`--allow-mismatch` was set:** the arms may not run the configured models/dtypes.")
+    warnings = [str(w) for w in report.get("warnings") or []]
+    lines += [f"- **Warning:** {inline(w)}" for w in warnings[:WARNINGS_SHOWN]]
+    if len(warnings) > WARNINGS_SHOWN:
+        lines.append(f"- {len(warnings) - WARNINGS_SHOWN} more warnings: see below.")
+    return lines
+
+
+def _criteria_rows(rows: list[S.CriterionRow]) -> list[list[str]]:
+    return [[r.label, r.suite, r.role, r.estimate, r.ci, r.bound, _status(r), f"{r.n} {r.unit}"] for r in rows]
+
+
+_CRITERIA_HEADER = ["Criterion", "Suite", "Role", "Estimate", "CI", "Bound", "Status", "n"]
+
+
+def _criteria_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
+    rows = S.criterion_rows(report)
+    if not rows:
+        return ["### Criteria", "", "_No criteria were evaluated._"]
+    shown = rows
+    if len(rows) > CRITERIA_SHOWN:
+        shown = sorted(rows, key=lambda r: _STATUS_ORDER.get(r.status, 4))[:CRITERIA_SHOWN]
+    out = ["### Criteria", ""] + table(_CRITERIA_HEADER, _criteria_rows(shown))
+    more = ""
+    if len(shown) < len(rows):
+        more = (f"_{len(rows) - len(shown)} more criteria in the full table below (failing and inconclusive "
+                "ones are listed first)._ ")
+    out += ["", more + "PASS needs every primary criterion shown inside its bound; FAIL means one criterion "
+                "(primary or guard) is shown outside; INCONCLUSIVE means an interval straddles a bound. "
+                + UNITS_NOTE, ""]
+    full, note = _capped(rows, cap, "criteria")
+    body = [f"Gate: {inline(S.verdict_line(report)[2])}", ""]
+    if len(shown) < len(rows):
+        body += table(_CRITERIA_HEADER, _criteria_rows(full)) + note + [""]
+    body += table(["Criterion", "Status", "Detail"], ([_what(r), _status(r), r.detail] for r in full)) + note
+    title = f"All {len(rows)} criteria, with the gate's notes"
+    header, looks = S.trajectory_rows(report)
+    if looks:
+        title += f" and the {len(looks)} sequential look{'s' if len(looks) != 1 else ''}"
+        body += ["", "**Sequential looks** (each primary criterion's interval as items accumulate):", "",
+                 *table(header, looks)]
+    return out + details(title, body)
+
+
 def _capped(rows: list[Any], cap: int | None, what: str) -> tuple[list[Any], list[str]]:
     if cap is None or len(rows) <= cap:
         return rows, []
@@ -52,102 +191,80 @@ def _capped(rows: list[Any], cap: int | None, what: str) -> tuple[list[Any], lis
     return rows[:cap], ["", note]
 
 
-def _criteria_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
-    rows = S.criterion_rows(report)
-    if not rows:
-        return ["### Criteria", "", "_No criteria were evaluated._"]
-    if cap is not None and len(rows) > cap:
-        rows = sorted(rows, key=lambda r: _STATUS_ORDER.get(r.status, 4))
-    rows, note = _capped(rows, cap, "criteria (failing and inconclusive listed first)")
-    body = table(
-        ["Criterion", "Suite", "Role", "Estimate", "CI", "Bound", "Status", "n", "Detail"],
-        ([r.label, r.suite, r.role, r.estimate, r.ci, r.bound, f"{r.icon} {r.status}"
-          + (f" (≈{r.n_more} more {r.unit} would decide)" if r.status == "inconclusive"
-             and r.n_more != S.MISSING else ""), f"{r.n} {r.unit}", r.detail] for r in rows),
-    )
-    out = ["### Criteria", ""] + body + note
-    header, looks = S.trajectory_rows(report)
-    if len(looks) > 0:
-        out += ["", "**Sequential looks** (each primary criterion's interval as items accumulate):", ""]
-        out += table(header, looks)
-    return out
+_COMPACT_ARM = ("Target", "Model", "KV cache dtype (configured)", "KV cache dtype (server-reported)",
+                "KV scale (server-reported)")
 
 
-def _compared_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
-    out = ["### What was compared", ""]
-    out += table(["", "Baseline", "Candidate", "A/A replicate (baseline again)"],
-                 ([r.label, r.baseline, r.candidate, r.aa] for r in S.arm_rows(report)))
-    suites, note = _capped(S.suite_rows(report), cap, "suites")
-    out += ["", "**Suites** (pairs are matched by suite, item id and repeat):", ""]
-    if suites:
-        out += table(["Suite", "Items", "sha256", "A/B pairs", "A/A floor pairs", "Dropped pairs"],
-                     ([s.name, s.n_items, s.sha256, s.ab_pairs, s.aa_pairs, s.dropped_pairs]
-                      for s in suites)) + note
-    else:
-        out.append("_No suite information recorded._")
+def _compared_section(report: Mapping[str, Any]) -> list[str]:
+    """One row per arm: what ran, how many requests failed, and how fast it answered."""
+    arms = {r.label: r for r in S.arm_rows(report)}
+    speed = report.get("speed") or {}
+    ok, failed = arms.get("Requests ok"), arms.get("Requests failed")
+    rows = []
+    for name, attr in (("Baseline", "baseline"), ("Candidate", "candidate"), ("A/A replicate", "aa")):
+        values = [getattr(arms[label], attr) for label in _COMPACT_ARM if label in arms]
+        if attr == "aa" and all(v == S.NOT_MEASURED for v in values):
+            continue
+        req = f"{getattr(ok, attr)} / {getattr(failed, attr)}" if ok and failed else S.MISSING
+        rows.append([name, *values, req, S.fmt_num(S.get(speed, attr, "output_tok_s")),
+                     S.fmt_num(S.get(speed, attr, "latency_p50"))])
+    out = ["### What was compared, and speed", ""]
+    out += table(["", "Target", "Model", "KV dtype (configured)", "KV dtype (server)", "KV scale",
+                  "Requests ok / failed", "Output tok/s", "Latency p50 (s)"], rows)
+    suites = S.suite_rows(report)
     tf = report.get("teacher_forcing") or {}
     enabled = tf.get("enabled")
     tf_text = "on" if enabled else ("off" if enabled is False else S.NOT_MEASURED)
     if tf.get("note"):
-        tf_text += f" — {tf['note']}"
-    out += ["", f"- Teacher-forced token metrics: {inline(tf_text)}"]
-    if report.get("allow_mismatch"):
-        out.append("- ⚠️ `--allow-mismatch` was set: the arms may not run the configured models/dtypes.")
+        tf_text += f" ({tf['note']})"
+    if suites:
+        names = ", ".join(f"{s.name} ({s.n_items} items)" for s in suites[:6])
+        names += f" and {len(suites) - 6} more" if len(suites) > 6 else ""
+        about = f"{len(suites)} suite{'s' if len(suites) != 1 else ''}: {names}"
+    else:
+        about = "No suite information recorded"
+    out += ["", f"- {inline(about)}; pairs are matched by suite, item id and repeat; teacher-forced token "
+                f"metrics: {inline(tf_text)}."]
+    if not speed:
+        out.append("- Speed: not measured.")
+    else:
+        ratio = speed.get("ratio") or {}
+        line = (f"- Throughput ratio (cand / base): **{S.fmt_num(ratio.get('estimate'))}×**, CI {_ratio_ci(ratio)}, "
+                f"at concurrency {S.fmt_num(S.get(speed, 'candidate', 'concurrency'))}")
+        out.append(line + (f"; {inline(speed['note'])}." if speed.get("note") else "."))
     return out
 
 
-def _metrics_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
+def _folded_tail(report: Mapping[str, Any], cap: int | None) -> list[str]:
+    """The long parts, folded one after the other: runs, suites and speed; metrics; warnings; the command."""
+    suites, note = _capped(S.suite_rows(report), cap, "suites")
+    body = table(["", "Baseline", "Candidate", "A/A replicate (baseline again)"],
+                 ([r.label, r.baseline, r.candidate, r.aa] for r in S.arm_rows(report)))
+    body += [""] + (table(["Suite", "Items", "sha256", "A/B pairs", "A/A floor pairs", "Dropped pairs"],
+                          ([s.name, s.n_items, s.sha256, s.ab_pairs, s.aa_pairs, s.dropped_pairs]
+                           for s in suites)) + note if suites else ["_No suite information recorded._"])
+    speed = S.speed_rows(report)[:-1]
+    if speed:
+        body += ["", *table(["Speed", "Baseline", "Candidate"], ([r.label, r.baseline, r.candidate] for r in speed))]
+    out = details("Runs, suites and every speed figure" if speed else "Runs and suites in full", body)
     rows, note = _capped(S.metric_rows(report), cap, "metric rows")
-    if not rows:
-        return []
-    return (["### Metrics against the A/A noise floor", ""]
-            + table(["Suite", "Metric", "A/B (base vs cand)", "A/A floor (base vs base)"],
-                    ([r.suite, r.metric, r.ab, r.aa] for r in rows)) + note)
-
-
-def _speed_section(report: Mapping[str, Any]) -> list[str]:
-    rows = S.speed_rows(report)
-    if not rows:
-        return ["### Throughput", "", "_Not measured._"]
-    ratio = rows[-1]
-    body = table(["", "Baseline", "Candidate"], ([r.label, r.baseline, r.candidate] for r in rows[:-1]))
-    return (["### Throughput", ""] + body
-            + ["", f"Throughput ratio (cand / base): **{cell(ratio.baseline)}**, CI {cell(ratio.candidate)}"])
-
-
-def _warnings_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
+    if rows:
+        n = len({r.suite for r in rows})
+        out += details(f"Metrics against the A/A noise floor ({n} suite{'s' if n != 1 else ''}, {len(rows)} rows)",
+                       table(["Suite", "Metric", "A/B (base vs cand)", "A/A floor (base vs base)"],
+                             ([r.suite, r.metric, r.ab, r.aa] for r in rows)) + note)
     warnings = [str(w) for w in report.get("warnings") or []]
-    if not warnings:
-        return []
-    shown, note = _capped(warnings, cap, "warnings")
-    return ["### Warnings", ""] + [f"- {inline(w)}" for w in shown] + note
+    if len(warnings) > WARNINGS_SHOWN:
+        shown, note = _capped(warnings, cap, "warnings")
+        out += details(f"All {len(warnings)} warnings", [f"- {inline(w)}" for w in shown] + note)
+    return out + details("Reproduce", [code_block(str(report.get("command") or "(command not recorded)"))])
 
 
 def _render(report: Mapping[str, Any], cap: int | None) -> str:
-    verdict, icon, reason = S.verdict_line(report)
-    lines = [
-        f"## {icon} kvqual: **{verdict}** — {inline(S.title(report))}",
-        "",
-        f"**{inline(reason)}**",
-        "",
-        f"Exit code {S.exit_code(report)}. PASS needs every primary criterion shown inside its bound; "
-        "FAIL means one criterion (primary or guard) is shown outside; INCONCLUSIVE means an interval "
-        "straddles a bound.",
-        "",
-    ]
-    extras = [f"- {inline(x)}" for x in (S.teacher_line(report), S.sequential_line(report), S.capacity_line(report)) if x]
-    lines += extras + ([""] if extras else [])
-    sections = [
-        _criteria_section(report, cap),
-        _compared_section(report, cap),
-        _metrics_section(report, cap),
-        _speed_section(report),
-        _warnings_section(report, cap),
-        ["### Reproduce", "", code_block(str(report.get("command") or "(command not recorded)"))],
-    ]
-    for section in sections:
-        if section:
-            lines += section + [""]
+    lines: list[str] = []
+    for section in (_head(report), _criteria_section(report, cap), _compared_section(report),
+                    _folded_tail(report, cap)):
+        lines += section + [""]
     version = report.get("kvqual_version") or S.MISSING
     created = report.get("created_at") or S.MISSING
     lines.append(f"<sub>kvqual {inline(version)} · report schema {inline(report.get('schema_version'))}"
@@ -163,4 +280,8 @@ def render_markdown(report: Mapping[str, Any], limit: int = GITHUB_COMMENT_LIMIT
         if len(text) <= limit:
             return text
     note = "\n\n_… report cut to fit the comment size limit; see report.html._\n"
-    return text[: limit - len(note)] + note
+    closing = "\n\n</details>"
+    text = text[: limit - len(note) - len(closing)]
+    if text.count("<details>") > text.count("</details>"):
+        text += closing  # the cut fell inside a folded block: close it, so the note shows
+    return text + note
