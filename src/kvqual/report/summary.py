@@ -1,7 +1,9 @@
 """The report dict (report.json, schema 1) turned into display rows shared by every format.
 
 Markdown, HTML and JUnit all show the same facts; this module decides once how a value
-reads ("—" for null, bounds as "≥ -0.05", CIs as "[a, b]"), so the formats cannot disagree.
+reads, so the formats cannot disagree: "—" for null, three significant figures, a criterion
+in the units people read (accuracy and rate differences in points, KL in nats per token,
+ratios as "1.04×", failure rates in %), bounds as "≥ −5 points", CIs as "[a, b]".
 Pure functions over the dict: nothing here does I/O, and every value may be null.
 """
 
@@ -11,7 +13,7 @@ import math
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 SCHEMA_VERSION = 1
 MISSING = "—"
@@ -104,21 +106,87 @@ def get(mapping: Any, *keys: str | int) -> Any:
     return value
 
 
+MINUS = "\u2212"  # a real minus sign: "−2.78", never a hyphen
+
+
+def sig3(value: float, *, signed: bool = False, trim: bool = False) -> str:
+    """`value` to three significant figures: '−2.78', '0.00554', '1.00', '1,230'.
+
+    `signed` writes '+' before a positive value (differences); `trim` drops trailing zeros
+    ('1.00' → '1'), for numbers that were set rather than measured (bounds, axis ticks)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "∞" if value > 0 else MINUS + "∞"
+    rounded = float(f"{value:.3g}")
+    if rounded == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(rounded)))
+    if mag < -4:
+        text = f"{rounded:.2e}"
+    elif mag >= 3:
+        text = f"{rounded:,.0f}"
+    else:
+        text = f"{rounded:.{2 - mag}f}"
+        if trim and "." in text:
+            text = text.rstrip("0").rstrip(".")
+    if signed and rounded > 0:
+        text = "+" + text
+    return text.replace("-", MINUS)
+
+
 def fmt_num(value: Any) -> str:
-    """A number for a table: ints as is, floats to 4 significant digits, null as '—'."""
+    """A number for a table: ints as is (with thousands separators), floats to three
+    significant figures without trailing zeros, null as '—'."""
     if value is None or isinstance(value, bool):
         return MISSING if value is None else str(value)
     if isinstance(value, int):
-        return f"{value:,}"
+        return f"{value:,}".replace("-", MINUS)
     if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "∞" if value > 0 else "−∞"
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:.4g}"
+        return sig3(value, trim=True)
     return str(value)
+
+
+# What each criterion measures, in the units people read. report.json keeps fractions; the
+# display multiplies: a difference of two rates reads in points, a failure rate in %.
+Quantity = Literal["points", "percent", "nats", "ratio"]
+_QUANTITY: Mapping[str, Quantity] = {
+    "accuracy": "points", "accuracy_pooled": "points", "truncation_excess": "points", "loop_excess": "points",
+    "top1_loss": "points", "kl_excess": "nats", "length_ratio": "ratio", "speedup": "ratio",
+}
+_SCALE: Mapping[str, float] = {"points": 100.0, "percent": 100.0, "nats": 1.0, "ratio": 1.0}
+UNIT_TEXT: Mapping[str, str] = {"points": " points", "percent": "%", "nats": " nats/token", "ratio": "×"}
+
+
+def quantity(name: str) -> Quantity:
+    """The quantity a criterion measures: 'points', 'percent' (failure rates), 'nats' or 'ratio'."""
+    if name.startswith("failed_rate"):
+        return "percent"
+    return _QUANTITY.get(name, "ratio" if name.endswith("ratio") else "points")
+
+
+def in_units(value: float, q: str) -> float:
+    """A report.json value (a fraction, nats, a ratio) on the display scale of quantity `q`."""
+    return value * _SCALE.get(q, 1.0)
+
+
+def fmt_quantity(value: Any, q: str, *, unit: bool = True, trim: bool = False, signed: bool | None = None) -> str:
+    """One value of quantity `q`: '−2.78 points', '0.00554 nats/token', '3.13%', '1.04×'.
+    Points are differences, so they carry a sign unless `signed` is False."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return MISSING
+    text = sig3(in_units(float(value), q), signed=q == "points" if signed is None else signed, trim=trim)
+    return text + (UNIT_TEXT.get(q, "") if unit or q == "percent" else "")
+
+
+def fmt_quantity_interval(lo: Any, hi: Any, q: str) -> str:
+    """'[−8.27, +4.57]' in the quantity's display scale (each end with '%' for percentages);
+    a null end is an unbounded side: '[0.013, ∞)'."""
+    if lo is None and hi is None:
+        return MISSING
+    left = "(" + MINUS + "∞" if lo is None else "[" + fmt_quantity(lo, q, unit=False)
+    right = "∞)" if hi is None else fmt_quantity(hi, q, unit=False) + "]"
+    return f"{left}, {right}"
 
 
 def fmt_pct(value: Any) -> str:
@@ -134,7 +202,7 @@ def fmt_interval(pair: Any) -> str:
     lo, hi = get(pair, 0), get(pair, 1)
     if lo is None and hi is None:
         return MISSING
-    return ("(−∞" if lo is None else f"[{fmt_num(lo)}") + ", " + ("∞)" if hi is None else f"{fmt_num(hi)}]")
+    return ("(" + MINUS + "∞" if lo is None else f"[{fmt_num(lo)}") + ", " + ("∞)" if hi is None else f"{fmt_num(hi)}]")
 
 
 def fmt_time(value: Any) -> str:
@@ -162,16 +230,19 @@ def fmt_scale(value: Any) -> str:
 
 
 def fmt_bound(criterion: Mapping[str, Any]) -> str:
-    """The pass region of a criterion: '≥ lo', '≤ hi' or 'within [lo, hi]'."""
+    """The pass region of a criterion in its units: '≥ −5 points', '≤ 0.012 nats/token', '≤ 1%'
+    or 'within [0.9, 1.1]' (a ratio)."""
     direction = criterion.get("direction")
     lo, hi = criterion.get("bound_low"), criterion.get("bound_high")
+    q = quantity(str(criterion.get("name") or ""))
     if direction == "at_least" and lo is not None:
-        return f"≥ {fmt_num(lo)}"
+        return f"≥ {fmt_quantity(lo, q, trim=True, signed=False)}"
     if direction == "at_most" and hi is not None:
-        return f"≤ {fmt_num(hi)}"
+        return f"≤ {fmt_quantity(hi, q, trim=True, signed=False)}"
     if lo is None and hi is None:
         return MISSING
-    return f"within [{fmt_num(lo)}, {fmt_num(hi)}]"
+    ends = ["?" if v is None else fmt_quantity(v, q, unit=False, trim=True, signed=False) for v in (lo, hi)]
+    return f"within [{ends[0]}, {ends[1]}]" + ("" if q in ("ratio", "percent") else UNIT_TEXT[q])
 
 
 def criterion_rows(report: Mapping[str, Any]) -> list[CriterionRow]:
@@ -180,16 +251,17 @@ def criterion_rows(report: Mapping[str, Any]) -> list[CriterionRow]:
     for c in get(report, "verdict", "criteria") or []:
         status = str(c.get("status") or "not_evaluated")
         level = c.get("ci_level")
-        ci = fmt_interval([c.get("ci_low"), c.get("ci_high")])
+        name = str(c.get("name") or "?")
+        q = quantity(name)
+        ci = fmt_quantity_interval(c.get("ci_low"), c.get("ci_high"), q)
         if ci != MISSING and isinstance(level, (int, float)):
             ci = f"{ci} ({level:.0%})"
-        name = str(c.get("name") or "?")
         rows.append(
             CriterionRow(
                 name=name,
                 label=CRITERION_LABEL.get(name, name),
                 suite=str(c.get("suite") or "overall"),
-                estimate=fmt_num(c.get("estimate")),
+                estimate=fmt_quantity(c.get("estimate"), q),
                 ci=ci,
                 bound=fmt_bound(c),
                 status=status,
@@ -284,21 +356,33 @@ def suite_rows(report: Mapping[str, Any]) -> list[SuiteRow]:
     return rows
 
 
+def _points(value: Any) -> str:
+    return fmt_quantity(value, "points")
+
+
+def _ratio(value: Any) -> str:
+    return fmt_quantity(value, "ratio")
+
+
+def _nats(value: Any) -> str:
+    return fmt_quantity(value, "nats")
+
+
 _METRICS = (
     ("task", "acc_base", "accuracy, baseline", fmt_pct),
     ("task", "acc_cand", "accuracy, candidate", fmt_pct),
-    ("task", "diff", "accuracy difference", fmt_num),
+    ("task", "diff", "accuracy difference (cand − base)", _points),
     ("task", "flips_right_to_wrong", "flips right→wrong", fmt_num),
     ("task", "flips_wrong_to_right", "flips wrong→right", fmt_num),
     ("task", "mcnemar_p", "McNemar p", fmt_num),
     ("generation", "exact_rate", "byte-identical outputs", fmt_pct),
     ("generation", "first_div_median", "median first-divergence token", fmt_num),
-    ("generation", "len_ratio", "output length ratio", fmt_num),
+    ("generation", "len_ratio", "output length ratio (mean cand / mean base)", _ratio),
     ("generation", "wilcoxon_p", "length Wilcoxon p", fmt_num),
-    ("generation", "loops_cand", "repetition loops (cand)", fmt_num),
-    ("generation", "trunc_cand", "truncated at max_tokens (cand)", fmt_num),
-    ("teacher", "mean_kl", "mean KL (teacher-forced)", fmt_num),
-    ("teacher", "p99_kl", "p99 KL", fmt_num),
+    ("generation", "loops_cand", "repetition loops (cand)", fmt_pct),
+    ("generation", "trunc_cand", "truncated at max_tokens (cand)", fmt_pct),
+    ("teacher", "mean_kl", "mean KL(base‖cand), token mean", _nats),
+    ("teacher", "p99_kl", "p99 KL per token", _nats),
     ("teacher", "same_top1_rate", "same top-1 token", fmt_pct),
 )
 
@@ -314,16 +398,24 @@ def metric_rows(report: Mapping[str, Any]) -> list[MetricRow]:
             ab, aa = get(block, kind, "ab", key), get(block, kind, "aa", key)
             if ab is None and aa is None:
                 continue
-            if key == "diff":
-                ab_ci = fmt_interval(get(block, kind, "ab", "diff_ci"))
-                text_ab = fmt(ab) + ("" if ab_ci == MISSING else f" {ab_ci}")
-            elif key == "len_ratio":
-                ab_ci = fmt_interval(get(block, kind, "ab", "len_ratio_ci"))
-                text_ab = fmt(ab) + ("" if ab_ci == MISSING else f" {ab_ci}")
-            else:
-                text_ab = fmt(ab)
-            rows.append(MetricRow(str(name), label, text_ab, fmt(aa)))
+            text_ab, text_aa = fmt(ab), fmt(aa)
+            if key in ("diff", "len_ratio"):
+                q = "points" if key == "diff" else "ratio"
+                ab_ci = fmt_quantity_interval(*(get(block, kind, "ab", f"{key}_ci") or [None, None])[:2], q)
+                text_ab += "" if ab_ci == MISSING else f" {ab_ci}"
+            if key == "len_ratio":
+                text_ab += _mean_lengths(get(block, kind, "ab"))
+                text_aa += _mean_lengths(get(block, kind, "aa"))
+            rows.append(MetricRow(str(name), label, text_ab, text_aa))
     return rows
+
+
+def _mean_lengths(block: Any) -> str:
+    """' (27.9 → 28.9 tokens)': the mean output lengths behind a length ratio."""
+    lb, lc = get(block, "len_base_mean"), get(block, "len_cand_mean")
+    if lb is None or lc is None:
+        return ""
+    return f" ({fmt_num(float(lb))} → {fmt_num(float(lc))} tokens)"
 
 
 def speed_rows(report: Mapping[str, Any]) -> list[ArmRow]:
@@ -380,6 +472,120 @@ def verdict_line(report: Mapping[str, Any]) -> tuple[str, str, str]:
     return verdict, VERDICT_ICON.get(verdict, "❔"), reason
 
 
+_SHORT_LABEL = {
+    "accuracy": "accuracy", "accuracy_pooled": "accuracy over all suites", "kl_excess": "KL beyond the A/A floor",
+    "top1_loss": "same-top-1 loss", "length_ratio": "the output length ratio", "truncation_excess": "the truncation rate",
+    "loop_excess": "the repetition-loop rate", "failed_rate_baseline": "the baseline's failed-request rate",
+    "failed_rate_candidate": "the candidate's failed-request rate", "speedup": "the throughput ratio",
+}
+_FAIL_HINT = {
+    "kl_excess": "its token distributions moved, so check the candidate's KV-cache scales (1.0 everywhere means "
+                 "none were loaded) and its attention kernel",
+    "accuracy": "its answers got worse, so read the flipped answers among the samples below",
+    "length_ratio": "its outputs changed length, so look for runaway or cut-off outputs among the samples below",
+    "truncation_excess": "more of its outputs ran to max_tokens, so look for runaway outputs among the samples below",
+    "loop_excess": "more of its outputs loop, so look for repetition among the samples below",
+    "failed_rate": "requests failed, so read that server's log and run again",
+    "speedup": "it is not as much faster as min_speedup asks",
+}
+
+
+def short_label(c: Mapping[str, Any]) -> str:
+    """A criterion named for a sentence: 'accuracy on arith', 'KL beyond the A/A floor'."""
+    name = str(c.get("name") or "?")
+    text = _SHORT_LABEL.get(name, CRITERION_LABEL.get(name, name))
+    return f"{text} on {c['suite']}" if c.get("suite") and name == "accuracy" else text
+
+
+def reading(c: Mapping[str, Any]) -> str:
+    """'−2.78 points [−8.27, +4.57]': a criterion's estimate and interval in its units."""
+    q = quantity(str(c.get("name") or ""))
+    ci = fmt_quantity_interval(c.get("ci_low"), c.get("ci_high"), q)
+    return fmt_quantity(c.get("estimate"), q) + ("" if ci == MISSING else f" {ci}")
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict in two sentences: why the gate decided so, and what to do next."""
+
+    verdict: str
+    why: str
+    next_step: str
+
+
+def _hint(name: str) -> str:
+    for key in ("kl_excess", "top1_loss", "accuracy", "length_ratio", "truncation_excess", "loop_excess",
+                "failed_rate", "speedup"):
+        if name.startswith(key):
+            return _FAIL_HINT["kl_excess" if key == "top1_loss" else key]
+    return "read the criteria and samples below"
+
+
+def _more_items(report: Mapping[str, Any], c: Mapping[str, Any], others: int) -> str:
+    """'Run about 342 more items …': the largest open criterion's estimate, and where to get them."""
+    seq = get(report, "verdict", "sequential") or {}
+    judged = (seq.get("sizes") or [None])[len(seq.get("looks") or [1]) - 1] if seq.get("looks") else None
+    available = sum(int(s.get("n_items") or 0) for s in get(report, "runs", "baseline", "suites") or [])
+    where = ""
+    if isinstance(judged, int) and available:
+        where = (f" (raise --max-items: {judged:,} of {available:,} were judged)" if judged < available
+                 else f" (add items to the suites: all {available:,} were judged)")
+    of = f", the largest of {others + 1} estimates," if others else ""
+    return (f"Run about {int(c['n_more']):,} more {c.get('unit') or 'items'}{of} to decide "
+            f"{short_label(c)}{where}; nothing was shown outside its bound.")
+
+
+def decision(report: Mapping[str, Any]) -> Decision:
+    """Why and what next, from the criteria in report.json (never from the free-text reason)."""
+    verdict = str(get(report, "verdict", "verdict") or "UNKNOWN")
+    crits = [c for c in get(report, "verdict", "criteria") or [] if isinstance(c, Mapping)]
+    cand = str(get(report, "runs", "candidate", "target") or "the candidate")
+    failed = sorted((c for c in crits if c.get("status") == "fail"),
+                    key=lambda c: (c.get("p_fail_holm") is None, c.get("p_fail_holm") or 0.0))
+    primary = [c for c in crits if c.get("role", "primary") == "primary" and c.get("status") != "not_evaluated"]
+    open_ = [c for c in primary if c.get("status") != "pass"]
+    if verdict == "FAIL" and failed:
+        first = failed[0]
+        more = "; also outside: " + ", ".join(short_label(c) for c in failed[1:]) if failed[1:] else ""
+        return Decision(verdict, _sentence(f"{short_label(first)} is outside its bound: {reading(first)}, "
+                                           f"bound {fmt_bound(first)}{more}."),
+                        f"Do not ship {cand}: {_hint(str(first.get('name')))}.")
+    if verdict == "PASS":
+        guards = [c for c in crits if c.get("role") == "guard" and c.get("status") == "inconclusive"]
+        tail = f" ({len(guards)} per-suite guard{'s' if len(guards) != 1 else ''} undecided, none outside)" if guards else ""
+        ratio = get(report, "speed", "ratio", "estimate")
+        slower = (f", but it ran at {fmt_quantity(ratio, 'ratio')} the baseline's throughput: read the speed "
+                  "section first") if isinstance(ratio, (int, float)) and ratio < 1 else ""
+        return Decision(verdict, f"All {len(primary)} primary criteria are shown inside their bounds{tail}.",
+                        f"{cand} can ship on these criteria{slower}.")
+    if verdict == "INCONCLUSIVE":
+        if not open_:
+            return Decision(verdict, "No quality criterion could be evaluated: only request failures were judged.",
+                            "Give the gate something to judge: suites with answers, or teacher forcing for the "
+                            "token criteria, then run again.")
+        stuck = [c for c in open_ if c.get("n_more") is None]
+        ranked = sorted(open_, key=lambda c: -(c.get("n_more") or 0))
+        first = stuck[0] if stuck else ranked[0]
+        others = len(open_) - 1
+        tail = "; also undecided: " + ", ".join(short_label(c) for c in open_ if c is not first) if others else ""
+        if first.get("estimate") is None:
+            why = _sentence(f"{short_label(first)} has no estimate: "
+                            f"{str(first.get('detail') or 'no data').split(';')[0]}{tail}.")
+        else:
+            why = _sentence(f"{short_label(first)} is not decided: {reading(first)} straddles its bound "
+                            f"{fmt_bound(first)}{tail}.")
+        if stuck:
+            return Decision(verdict, why, f"Fix what left {short_label(first)} undecided (more items will not), "
+                                          "then run again; nothing was shown outside its bound.")
+        return Decision(verdict, why, _more_items(report, first, others))
+    return Decision(verdict, str(get(report, "verdict", "reason") or "no reason given"),
+                    "Run the compare again: this report holds no verdict.")
+
+
 def exit_code(report: Mapping[str, Any]) -> str:
     """The exit code the gate returned, as text ('—' when absent)."""
     return fmt_num(get(report, "verdict", "exit_code"))
@@ -431,16 +637,17 @@ def trajectory_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
     """The primary criteria's intervals at each look: (header, rows)."""
     seq = get(report, "verdict", "sequential") or {}
     looks = seq.get("looks") or []
-    primary = [c.get("label") or (f"{c['name']}[{c['suite']}]" if c.get("suite") else c["name"])
+    primary = [(c.get("label") or (f"{c['name']}[{c['suite']}]" if c.get("suite") else c["name"]), str(c["name"]))
                for c in get(report, "verdict", "criteria") or []
                if c.get("role", "primary") == "primary" and c.get("status") != "not_evaluated"
                and not str(c.get("name", "")).startswith("failed_rate")]
     rows = []
     for look in looks:
         row = [str(look.get("look")), str(look.get("items")), str(look.get("verdict"))]
-        for label in primary:
+        for label, name in primary:
             c = (look.get("criteria") or {}).get(label) or {}
-            ci = fmt_interval([c.get("ci_low"), c.get("ci_high")])
-            row.append(f"{fmt_num(c.get('estimate'))} {ci} {c.get('status', '')}".strip())
+            q = quantity(name)
+            ci = fmt_quantity_interval(c.get("ci_low"), c.get("ci_high"), q)
+            row.append(f"{fmt_quantity(c.get('estimate'), q)} {ci} {c.get('status', '')}".strip())
         rows.append(row)
-    return ["look", "items", "verdict"] + primary, rows
+    return ["look", "items", "verdict"] + [label for label, _ in primary], rows
