@@ -116,12 +116,16 @@ def next_sentence(report: Mapping[str, Any]) -> str:
 
 
 def _speed_bullet(report: Mapping[str, Any]) -> str | None:
+    """The speed ratio in one line; the compare's own flag (`speed.slower`, set when the whole
+    interval is below 1) in bold when the candidate is shown slower."""
+    slower = S.get(report, "speed", "slower")
+    if slower:
+        return f"**Slower:** {inline(slower)}"
     ratio = S.get(report, "speed", "ratio") or {}
     est = ratio.get("estimate")
     if not isinstance(est, (int, float)) or isinstance(est, bool):
         return None
-    text = f"the candidate's throughput is {S.fmt_num(float(est))}× the baseline's (CI {_ratio_ci(ratio)})"
-    return f"**Slower:** {text}" if est < 1 else f"Speed: {text}"
+    return f"Speed: the candidate's throughput is {S.fmt_num(float(est))}× the baseline's (CI {_ratio_ci(ratio)})"
 
 
 def _ratio_ci(ratio: Mapping[str, Any]) -> str:
