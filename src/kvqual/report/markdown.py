@@ -73,6 +73,10 @@ def _what(row: S.CriterionRow) -> str:
     return row.label if row.suite == "overall" else f"{row.label} ({row.suite})"
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _numbers(row: S.CriterionRow) -> str:
     return f"{row.estimate}, CI {row.ci}, bound {row.bound}"
 
@@ -84,10 +88,11 @@ def why_sentence(report: Mapping[str, Any]) -> str:
     failing = [r for r in rows if r.status == "fail"]
     open_ = [r for r in rows if r.status == "inconclusive" and r.role == "primary"]
     if verdict == "FAIL" and failing:
-        more = f" ({len(failing) - 1} more criteria failed too)" if len(failing) > 1 else ""
+        more = f" ({_count(len(failing) - 1, 'more criterion', 'more criteria')} failed too)" if len(failing) > 1 else ""
         return f"{_what(failing[0])} is shown outside its bound: {_numbers(failing[0])}{more}."
     if verdict == "INCONCLUSIVE" and open_:
-        more = f" ({len(open_) - 1} more primary criteria are open too)" if len(open_) > 1 else ""
+        more = (f" ({_count(len(open_) - 1, 'more primary criterion is', 'more primary criteria are')} open too)"
+                if len(open_) > 1 else "")
         return f"{_what(open_[0])} is not yet shown inside its bound: {_numbers(open_[0])}{more}."
     if verdict == "PASS":
         primary = sum(r.role == "primary" and r.status == "pass" for r in rows)
@@ -107,9 +112,10 @@ def next_sentence(report: Mapping[str, Any]) -> str:
     if verdict == "INCONCLUSIVE":
         if any(r.name.startswith("failed_rate") and r.status == "inconclusive" for r in rows):
             return "too many requests failed to trust the run: fix the server, then rerun (answers on disk are kept)."
-        need = [(int(r.n_more.replace(",", "")), r.unit) for r in rows
-                if r.status == "inconclusive" and r.role == "primary" and r.n_more.replace(",", "").isdigit()]
-        size = f"about {max(need)[0]:,} more {max(need)[1]}" if need else "more items"
+        need = [(c["n_more"], str(c.get("unit") or "items")) for c in S.get(report, "verdict", "criteria") or []
+                if c.get("status") == "inconclusive" and c.get("role", "primary") == "primary"
+                and isinstance(c.get("n_more"), int)]
+        size = "about {:,} more {}".format(*max(need)) if need else "more items"
         return (f"rerun with {size} (a larger suite or a higher --max-items); "
                 "repeating the same items does not help.")
     return "the report has no verdict: check the compare's log."
@@ -169,8 +175,8 @@ def _criteria_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
     out = ["### Criteria", ""] + table(_CRITERIA_HEADER, _criteria_rows(shown))
     more = ""
     if len(shown) < len(rows):
-        more = (f"_{len(rows) - len(shown)} more criteria in the full table below (failing and inconclusive "
-                "ones are listed first)._ ")
+        more = (f"_{_count(len(rows) - len(shown), 'more criterion', 'more criteria')} in the full table below "
+                "(failing and inconclusive ones are listed first)._ ")
     out += ["", more + "PASS needs every primary criterion shown inside its bound; FAIL means one criterion "
                 "(primary or guard) is shown outside; INCONCLUSIVE means an interval straddles a bound. "
                 + UNITS_NOTE, ""]
