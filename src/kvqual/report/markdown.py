@@ -1,13 +1,14 @@
 """report.md: the verdict and its evidence as GitHub Markdown, ready to paste as a PR comment.
 
-The first screen answers a reviewer: the verdict, one sentence of why, one of what to do next,
-the criteria table, what was compared and the speed, in at most ~60 lines for a realistic
-report. Everything long (per-criterion notes, sequential looks, the full run and suite tables,
-per-suite metrics, every speed figure, the command) sits in `<details>` blocks, which GitHub
-folds; a blank line after each `<summary>` lets it render the Markdown inside. Numbers read as
-people read them: accuracy and rates in percentage points, KL in nats per token, ratios as ×,
-three significant figures. Status is a word, never an emoji (no emoji font needed). Long
-tables are cut so the text stays under GitHub's comment limit (65,536 characters), with a note.
+The first screen answers a reviewer in at most ~60 lines for a realistic report: the verdict,
+one sentence of why and one of what to do next (summary.decision, the two report.html leads
+with), the criteria table, what was compared and the speed. Everything long (per-criterion
+notes, sequential looks, the full run, suite and speed tables, per-suite metrics, the command)
+sits in `<details>` blocks, which GitHub folds; a blank line after each `<summary>` lets it
+render the Markdown inside. Numbers come from summary.py, as every format shows them: accuracy
+and rate differences in points, KL in nats per token, ratios as ×, three significant figures.
+Status is a word, never an emoji (no emoji font needed). Long tables are cut so the text stays
+under GitHub's comment limit (65,536 characters), with a note.
 """
 
 from __future__ import annotations
@@ -73,54 +74,6 @@ def _what(row: S.CriterionRow) -> str:
     return row.label if row.suite == "overall" else f"{row.label} ({row.suite})"
 
 
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
-def _numbers(row: S.CriterionRow) -> str:
-    return f"{row.estimate}, CI {row.ci}, bound {row.bound}"
-
-
-def why_sentence(report: Mapping[str, Any]) -> str:
-    """One sentence: which criteria decided the verdict, with their numbers."""
-    verdict = str(S.get(report, "verdict", "verdict") or "UNKNOWN")
-    rows = S.criterion_rows(report)
-    failing = [r for r in rows if r.status == "fail"]
-    open_ = [r for r in rows if r.status == "inconclusive" and r.role == "primary"]
-    if verdict == "FAIL" and failing:
-        more = f" ({_count(len(failing) - 1, 'more criterion', 'more criteria')} failed too)" if len(failing) > 1 else ""
-        return f"{_what(failing[0])} is shown outside its bound: {_numbers(failing[0])}{more}."
-    if verdict == "INCONCLUSIVE" and open_:
-        more = (f" ({_count(len(open_) - 1, 'more primary criterion is', 'more primary criteria are')} open too)"
-                if len(open_) > 1 else "")
-        return f"{_what(open_[0])} is not yet shown inside its bound: {_numbers(open_[0])}{more}."
-    if verdict == "PASS":
-        primary = sum(r.role == "primary" and r.status == "pass" for r in rows)
-        return f"all {primary} evaluated primary criteria are shown inside their bounds, and no guard failed."
-    return S.verdict_line(report)[2] + "."
-
-
-def next_sentence(report: Mapping[str, Any]) -> str:
-    """One sentence: what the reader should do with this verdict."""
-    verdict = str(S.get(report, "verdict", "verdict") or "UNKNOWN")
-    rows = S.criterion_rows(report)
-    if verdict == "PASS":
-        return "the candidate config can ship on this evidence; keep this report with the change."
-    if verdict == "FAIL":
-        return ("do not ship this config: read the most divergent samples in report.html, check the "
-                "candidate's KV scales and flags, then rerun the same command.")
-    if verdict == "INCONCLUSIVE":
-        if any(r.name.startswith("failed_rate") and r.status == "inconclusive" for r in rows):
-            return "too many requests failed to trust the run: fix the server, then rerun (answers on disk are kept)."
-        need = [(c["n_more"], str(c.get("unit") or "items")) for c in S.get(report, "verdict", "criteria") or []
-                if c.get("status") == "inconclusive" and c.get("role", "primary") == "primary"
-                and isinstance(c.get("n_more"), int)]
-        size = "about {:,} more {}".format(*max(need)) if need else "more items"
-        return (f"rerun with {size} (a larger suite or a higher --max-items); "
-                "repeating the same items does not help.")
-    return "the report has no verdict: check the compare's log."
-
-
 def _speed_bullet(report: Mapping[str, Any]) -> str | None:
     """The speed ratio in one line; the compare's own flag (`speed.slower`, set when the whole
     interval is below 1) in bold when the candidate is shown slower."""
@@ -141,9 +94,10 @@ def _ratio_ci(ratio: Mapping[str, Any]) -> str:
 
 def _head(report: Mapping[str, Any]) -> list[str]:
     verdict, _, _ = S.verdict_line(report)
+    decision = S.decision(report)  # the same two sentences report.html leads with
     lines = [f"## kvqual: **{verdict}** — {inline(S.title(report))} (exit code {S.exit_code(report)})", "",
-             f"- **Why:** {inline(why_sentence(report))}",
-             f"- **Next:** {inline(next_sentence(report))}"]
+             f"- **Why:** {inline(decision.why)}",
+             f"- **Next:** {inline(decision.next_step)}"]
     extras = (S.teacher_line(report), S.sequential_line(report), S.capacity_line(report))
     lines += [f"- {inline(x)}" for x in extras if x]
     speed = _speed_bullet(report)
@@ -175,8 +129,9 @@ def _criteria_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
     out = ["### Criteria", ""] + table(_CRITERIA_HEADER, _criteria_rows(shown))
     more = ""
     if len(shown) < len(rows):
-        more = (f"_{_count(len(rows) - len(shown), 'more criterion', 'more criteria')} in the full table below "
-                "(failing and inconclusive ones are listed first)._ ")
+        n = len(rows) - len(shown)
+        more = (f"_{n} more criteri{'on' if n == 1 else 'a'} in the full table below (failing and inconclusive "
+                "ones are listed first)._ ")
     out += ["", more + "PASS needs every primary criterion shown inside its bound; FAIL means one criterion "
                 "(primary or guard) is shown outside; INCONCLUSIVE means an interval straddles a bound. "
                 + UNITS_NOTE, ""]
