@@ -1,35 +1,110 @@
-"""Plots: every figure marks the A/A floor; the divergence CDF counts identical pairs right."""
+"""Plots: each supports a criterion, shows its bound on an honest scale, and marks the A/A floor."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
+from matplotlib.colors import to_rgba
 
-from kvqual.report.plots import (_divergence_cdf, by_position_figure, first_divergence_figure,
-                                 flips_figure, lengths_figure, to_data_uri)
+from kvqual.report.plots import (BOUND, CAND, _divergence_cdf, all_plots, by_position_figure, first_divergence_figure,
+                                 flips_figure, lengths_figure, speed_figure, to_data_uri, trajectory_figure)
 
 
-def _figures(report):
-    plots = report["plots"]
+def _labels(ax) -> list[str]:
+    return ax.get_legend_handles_labels()[1]
+
+
+def _lengths(report):
+    overall = report["suites"]["overall"]["generation"]
+    return lengths_figure(report["plots"]["lengths"], (0.9, 1.1), overall["ab"], overall["aa"])
+
+
+def test_every_comparison_plot_marks_the_aa_floor(report):
     aa = report["suites"]["arith"]["task"]["aa"]
-    return {
-        "lengths": lengths_figure(plots["lengths"]),
-        "first_divergence": first_divergence_figure(plots["first_divergence"]),
-        "by_position": by_position_figure(plots["by_position"]),
-        "flips": flips_figure(plots["flips"], {"arith": (aa["flips_right_to_wrong"], aa["flips_wrong_to_right"])}),
+    figures = {
+        "lengths": _lengths(report).axes[:1],  # the paired scatter; the difference histogram has no A/A pairs
+        "first_divergence": first_divergence_figure(report["plots"]["first_divergence"]).axes,
+        "by_position": by_position_figure(report["plots"]["by_position"], 0.03, 0.08).axes,
+        "flips": flips_figure(report["plots"]["flips"],
+                              {"arith": (aa["flips_right_to_wrong"], aa["flips_wrong_to_right"])}).axes,
     }
-
-
-def test_every_axes_of_every_plot_marks_the_aa_floor(report):
-    for name, fig in _figures(report).items():
-        assert fig is not None, name
-        for ax in fig.axes:
-            labels = ax.get_legend_handles_labels()[1]
-            assert any(label.startswith("A/A") for label in labels), (name, labels)
+    for name, axes in figures.items():
+        for ax in axes:
+            assert any(label.startswith("A/A") for label in _labels(ax)), (name, _labels(ax))
 
 
 def test_no_floor_drawn_when_aa_missing(report):
-    fig = lengths_figure(dict(report["plots"]["lengths"], aa=None))
-    assert not any(l.startswith("A/A") for l in fig.axes[0].get_legend_handles_labels()[1])
+    fig = lengths_figure(dict(report["plots"]["lengths"], aa=None), (0.9, 1.1), None, None)
+    assert not any(label.startswith("A/A") for label in _labels(fig.axes[0]))
+
+
+def test_length_plot_is_paired_and_draws_the_bound_without_translucent_overlays(report):
+    fig = _lengths(report)
+    scatter, diffs = fig.axes
+    assert "bound: mean ratio within [0.9, 1.1]" in _labels(scatter)
+    assert sum(1 for line in scatter.get_lines() if line.get_color() == BOUND) == 2  # both sides of the wedge
+    mean = next(label for label in _labels(scatter) if label.startswith("mean "))
+    assert mean == "mean 39.5 → 48.8 tokens: 1.23× [0.950, 1.12]"  # the plotted pairs' ratio, the report's CI
+    # one colour per element, nothing half-transparent to mix into brown
+    for patch in diffs.patches + scatter.patches:
+        assert patch.get_alpha() in (None, 1.0)
+    base, cand = report["plots"]["lengths"]["base"], report["plots"]["lengths"]["cand"]
+    assert sum(p.get_height() for p in diffs.patches) == len(base) == len(cand)  # one count per pair
+    assert "same length" in diffs.get_title()
+
+
+def test_position_buckets_only_where_there_is_data_and_never_joined(report):
+    block = copy.deepcopy(report["plots"]["by_position"])
+    block["ab"][-1]["end"] = 256
+    block["ab"].append({"start": 256, "end": None, "n_tokens": 0, "mean_kl": None, "same_top1_rate": None})
+    fig = by_position_figure(block, 0.03, 0.08)
+    ticks = [t.get_text().split("\n")[0] for t in fig.axes[1].get_xticklabels()]
+    assert ticks == ["0–15", "16–63", "64–255"]  # the empty 256+ bucket is left out
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_label().startswith(("A/B", "A/A floor (")):
+                assert line.get_linestyle() == "None"  # markers only: no line across a gap
+
+
+def test_top1_axis_holds_the_bound_so_the_scale_is_honest():
+    block = {"ab": [{"start": 0, "end": 64, "n_tokens": 100, "mean_kl": 0.005, "same_top1_rate": 0.978},
+                    {"start": 64, "end": 256, "n_tokens": 50, "mean_kl": 0.001, "same_top1_rate": 0.998}],
+             "aa": [{"start": 0, "end": 64, "n_tokens": 40, "mean_kl": 0.0, "same_top1_rate": 1.0}]}
+    fig = by_position_figure(block, kl_bound=0.012, top1_bound=0.042, floor={"mean_kl": 0.0, "same_top1_rate": 1.0})
+    kl, top1 = fig.axes
+    low, high = top1.get_ylim()
+    assert low <= 1.0 - 0.042 and high >= 1.0  # not zoomed to 0.978–1.000: the bound 4.2 points down is on the axis
+    assert kl.get_ylim()[1] >= 0.012 and kl.get_ylim()[0] <= 0
+    assert any(line.get_color() == BOUND for line in top1.get_lines())
+
+
+def test_speed_plot_shows_each_arm_and_the_ratio(report):
+    fig = speed_figure(report["speed"])
+    throughput, latency = fig.axes
+    assert [round(p.get_width(), 1) for p in throughput.patches] == [212.5, 251.0]
+    assert throughput.get_title().startswith("cand / base: 1.18× [1.09, 1.27]")
+    assert len(latency.patches) == 4  # p50 and p95, each arm side by side
+    cand = to_rgba(CAND)
+    assert sum(1 for p in latency.patches if p.get_facecolor() == cand) == 2
+    assert speed_figure(None) is None and speed_figure({"baseline": {}, "candidate": {}}) is None
+
+
+def test_trajectory_needs_two_looks_and_draws_each_bound(report):
+    verdict = copy.deepcopy(report["verdict"])
+    assert trajectory_figure(verdict) is None
+    crit = verdict["criteria"][2]  # kl_excess
+    crit["label"] = "kl_excess"
+    verdict["criteria"] = [crit]
+    verdict["sequential"] = {"looks": [
+        {"look": 1, "items": 10, "criteria": {"kl_excess": {"estimate": 0.05, "ci_low": 0.02, "ci_high": 0.08,
+                                                            "status": "inconclusive"}}},
+        {"look": 2, "items": 20, "criteria": {"kl_excess": {"estimate": 0.041, "ci_low": 0.034, "ci_high": 0.049,
+                                                            "status": "fail"}}}]}
+    fig = trajectory_figure(verdict)
+    ax = fig.axes[0]
+    assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_color() == BOUND] == [0.03]
+    assert "nats/token" in ax.get_title()
 
 
 def test_divergence_cdf_counts_identical_pairs_in_the_denominator():
@@ -49,11 +124,11 @@ def test_empty_inputs_give_no_figure():
     assert lengths_figure({"base": [], "cand": [], "aa": None}) is None
     assert first_divergence_figure({"ab": [], "aa": None}) is None
     assert by_position_figure(None) is None
+    assert by_position_figure({"ab": [{"start": 0, "end": 16, "n_tokens": 0, "mean_kl": None}]}) is None
     assert flips_figure({}, {}) is None
     assert to_data_uri(None) is None
 
 
 def test_png_bytes_are_stable(report):
-    a = to_data_uri(_figures(report)["by_position"])
-    b = to_data_uri(_figures(report)["by_position"])
-    assert a == b and a.startswith("data:image/png;base64,")
+    a, b = all_plots(report), all_plots(report)
+    assert a == b and a["by_position"].startswith("data:image/png;base64,")

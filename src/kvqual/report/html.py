@@ -1,8 +1,11 @@
 """report.html: one self-contained page (inline CSS, PNG data URIs, no script, no URLs).
 
-It repeats report.md's content and adds the plots and the most divergent samples side by
-side. Model text is untrusted (it can hold HTML or <script>): Jinja2 autoescaping is on for
-the whole template, and no value is ever marked safe except the plots' own data URIs.
+It leads with the decision: the verdict as a badge (inline SVG shapes, no emoji font
+needed), why and what next in one sentence each, then the forest plot of every criterion
+against its bound beside the sequential trajectory. Below come report.md's tables (each
+scrolling inside its own box), the plots and the most divergent samples side by side.
+Model text is untrusted (it can hold HTML or <script>): Jinja2 autoescaping is on for the
+whole template, and no value is ever marked safe except the plots' own data URIs.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import jinja2
 
 from kvqual.report import summary as S
 from kvqual.report.markdown import render_markdown
-from kvqual.report.plots import all_plots, to_data_uri, trajectory_figure
+from kvqual.report.plots import all_plots, forest_rows, to_data_uri, trajectory_figure
 
 MAX_EXAMPLES = 12
 MARK_MAX_CHARS = 40
@@ -87,19 +90,56 @@ _ENV = jinja2.Environment(
 )
 
 
+STATUS_WORD = {"pass": "pass", "fail": "fail", "inconclusive": "undecided", "not_evaluated": "not judged"}
+PLOTS = (  # name, caption, full width
+    ("lengths", "Output lengths: paired per item, with the length criterion's bound", True),
+    ("by_position", "KL and top-1 agreement by token position (buckets holding tokens)", False),
+    ("first_divergence", "Where outputs first differ", False),
+    ("flips", "Answer flips per suite", False),
+    ("speed", "Speed per arm and the ratio", False),
+)
+
+
+def ci_text(report: Mapping[str, Any]) -> str:
+    """'96% interval' for the forest legend: the level the criteria's intervals share."""
+    levels = sorted({round(float(c["ci_level"]), 4) for c in S.get(report, "verdict", "criteria") or []
+                     if isinstance(c, Mapping) and isinstance(c.get("ci_level"), (int, float))})
+    return "interval" if not levels else " / ".join(f"{v:.0%}" for v in levels) + " interval"
+
+
+def speed_fact(report: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """('candidate slower: 0.810× the baseline's tokens/s per request', slower) or None. A slower
+    candidate is flagged beside the verdict even though the speed criterion counts only with
+    min_speedup; a faster one is a note."""
+    ratio = S.get(report, "speed", "ratio", "estimate")
+    if not isinstance(ratio, (int, float)):
+        return None
+    caveat = "" if S.get(report, "speed", "comparable") is not False else " (indicative only)"
+    word = "slower" if ratio < 1 else "faster"
+    return f"candidate {word}: {S.fmt_quantity(ratio, 'ratio')} the baseline's tokens/s per request{caveat}", ratio < 1
+
+
 def render_html(report: Mapping[str, Any]) -> str:
     """The full report.html text for a report dict."""
-    verdict, icon, reason = S.verdict_line(report)
+    verdict, _, _ = S.verdict_line(report)
     tf = report.get("teacher_forcing") or {}
+    speed, slower = speed_fact(report) or (None, False)
+    stop = S.get(report, "verdict", "sequential", "stop")
+    reason = S.get(report, "verdict", "reason")
     return _ENV.get_template("report.html.j2").render(
-        title=S.title(report), verdict=verdict, icon=icon, reason=reason,
-        exit_code=S.exit_code(report),
+        title=S.title(report), verdict=verdict, decision=S.decision(report),
+        exit_code=S.exit_code(report), facts=[str(stop)] if stop else [],
+        speed_flag=speed if slower else None,
+        forest=forest_rows(report), ci_text=ci_text(report), status_word=STATUS_WORD,
+        kl_note="over the servers' top-k logprobs plus one tail bucket, an approximation that under-reports",
         criteria=S.criterion_rows(report), arms=S.arm_rows(report), suites=S.suite_rows(report),
-        notes=[x for x in (S.teacher_line(report), S.sequential_line(report), S.capacity_line(report)) if x],
+        notes=[x for x in (f"gate: {reason}" if reason else None, S.teacher_line(report), S.sequential_line(report),
+                           S.capacity_line(report), None if slower else speed) if x],
         trajectory=S.trajectory_rows(report),
         trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),
         metrics=S.metric_rows(report), speed=S.speed_rows(report),
-        plots=all_plots(report), examples=example_views(report),
+        speed_note=S.get(report, "speed", "note"),
+        plots=all_plots(report), plot_list=PLOTS, examples=example_views(report),
         n_examples=len(report.get("examples") or []),
         warnings=[str(w) for w in report.get("warnings") or []],
         teacher_forcing={"enabled": tf.get("enabled"), "note": tf.get("note")}, allow_mismatch=bool(report.get("allow_mismatch")),

@@ -1,25 +1,37 @@
-"""The plots of report.html, as base64 PNG data URIs so the file opens offline.
+"""The pictures of report.html: the forest plot of the decision, and matplotlib figures.
 
-Each `*_figure` function takes one block of report["plots"], draws the A/B comparison with
-the A/A floor (baseline vs baseline) in grey dashes, and returns None when there is nothing
-to draw; `all_plots` turns them into data URIs.
-Figures are built with matplotlib's object API (no pyplot state) and PNGs carry no
-timestamp or version metadata, so the same input gives the same bytes.
+`forest_rows` lays out one row per criterion (its interval against its bound, on its own
+scale, in its own units) as positions in percent that the template draws with CSS, so it
+stays sharp and readable at any width. Each `*_figure` function draws one block of
+report["plots"] and returns None when there is nothing to draw; `all_plots` turns them into
+base64 PNG data URIs so the file opens offline. Figures use matplotlib's object API (no
+pyplot state) and PNGs carry no metadata, so the same input gives the same bytes.
+Baseline is blue, candidate orange, the A/A floor (baseline vs baseline) grey dashes, a
+criterion's bound red dashes; no two translucent fills ever overlap.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, NullLocator, PercentFormatter
 
-BASE, CAND, FLOOR = "#1f77b4", "#ff7f0e", "#555555"
+from kvqual.report import summary as S
+
+BASE, CAND, FLOOR, BOUND = "#1f77b4", "#ff7f0e", "#555555", "#c0392b"
+PASS_ZONE = "#e3f1e6"
 FLOOR_STYLE = {"color": FLOOR, "linestyle": "--", "linewidth": 1.6}
+BOUND_STYLE = {"color": BOUND, "linestyle": "--", "linewidth": 1.4}
+STATUS_COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#d4a000", "not_evaluated": "#8c959f"}
+DPI = 100
 
 
 def to_data_uri(fig: Figure | None) -> str | None:
@@ -28,7 +40,7 @@ def to_data_uri(fig: Figure | None) -> str | None:
         return None
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -36,23 +48,208 @@ def _ints(values: Any) -> list[int]:
     return [int(v) for v in values or [] if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def lengths_figure(lengths: Mapping[str, Any] | None) -> Figure | None:
-    """Output-length histograms of both arms; the A/A replicate as a dashed outline."""
-    base, cand, aa = (_ints((lengths or {}).get(k)) for k in ("base", "cand", "aa"))
-    if not base and not cand:
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# ---------------------------------------------------------------- forest plot (HTML/CSS)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A labelled position on a forest row's track, in percent of its width."""
+
+    at: float
+    text: str
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One criterion of the forest plot: display strings, and its track in percent of the width.
+
+    `ci` is (left, width) of the interval bar; an unbounded side runs to the edge (`open_low`,
+    `open_high`). `zone` is the pass region, `reference` the no-change value (0, or 1 for a
+    ratio). `note` replaces the track when nothing can be drawn (no estimate)."""
+
+    label: str
+    suite: str
+    group: str  # "primary", "guard", "health" (failed requests) or "speed"
+    status: str
+    reading: str
+    bound: str
+    n: str
+    note: str = ""
+    ci: tuple[float, float] | None = None
+    open_low: bool = False
+    open_high: bool = False
+    estimate: float | None = None
+    bounds: tuple[Mark, ...] = ()
+    zone: tuple[float, float] | None = None
+    reference: Mark | None = None
+    ticks: tuple[Mark, ...] = ()
+
+
+FOREST_GROUPS = (
+    ("primary", "Primary criteria: each must be shown inside its bound for PASS"),
+    ("guard", "Per-suite guards: one shown outside FAILs the candidate; undecided ones do not block PASS"),
+    ("health", "Run health: passes when the observed failure rate is within its bound"),
+    ("speed", "Speed"),
+)
+
+
+FOREST_LABEL = {
+    "accuracy": "accuracy", "accuracy_pooled": "accuracy, all suites (stratified)",
+    "kl_excess": "mean KL beyond A/A floor (item mean)", "top1_loss": "same-top-1 loss beyond A/A floor",
+    "length_ratio": "output length ratio (cand / base)", "truncation_excess": "truncation rate beyond A/A floor",
+    "loop_excess": "repetition-loop rate beyond A/A floor", "failed_rate_baseline": "failed requests, baseline",
+    "failed_rate_candidate": "failed requests, candidate", "failed_rate_base": "failed requests, baseline",
+    "failed_rate_cand": "failed requests, candidate", "speedup": "throughput ratio (cand / base)",
+}
+
+
+def _group(c: Mapping[str, Any]) -> str:
+    name = str(c.get("name") or "")
+    if name.startswith("failed_rate"):
+        return "health"
+    if name == "speedup":
+        return "speed"
+    return "guard" if c.get("role") == "guard" else "primary"
+
+
+def _scale(values: Sequence[float], q: str) -> tuple[float, float]:
+    lo, hi = min(values), max(values)
+    span = hi - lo if hi > lo else max(abs(hi) * 0.2, 1e-9)
+    lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    if q == "percent" and min(values) >= 0:
+        lo = max(lo, 0.0)
+    return lo, hi
+
+
+def forest_row(c: Mapping[str, Any]) -> ForestRow:
+    """The forest row of one report.json criterion, on a scale that holds its interval, its
+    bound and the no-change value, so neither the interval nor the margin is zoomed away."""
+    name = str(c.get("name") or "?")
+    q = S.quantity(name)
+    status = str(c.get("status") or "not_evaluated")
+    common = dict(label=FOREST_LABEL.get(name, S.CRITERION_LABEL.get(name, name)), suite=str(c.get("suite") or "overall"),
+                  group=_group(c),
+                  status=status, reading=S.reading(c), bound=S.fmt_bound(c),
+                  n=f"{S.fmt_num(c.get('n'))} {c.get('unit') or 'items'}")
+    est, lo, hi = (_num(c.get(k)) for k in ("estimate", "ci_low", "ci_high"))
+    if est is None and lo is None and hi is None:
+        return ForestRow(**common, note=str(c.get("detail") or "no estimate"))
+    est, lo, hi = (None if v is None else S.in_units(v, q) for v in (est, lo, hi))
+    bounds = [S.in_units(v, q) for v in (_num(c.get("bound_low")), _num(c.get("bound_high"))) if v is not None]
+    ref = 1.0 if q == "ratio" else 0.0
+    left, right = _scale([v for v in (est, lo, hi, ref, *bounds) if v is not None], q)
+
+    def at(v: float) -> float:
+        return round(100.0 * (min(max(v, left), right) - left) / (right - left), 2)
+
+    a = at(lo if lo is not None else left)
+    b = at(hi if hi is not None else right)
+    zone = None
+    direction, bl, bh = c.get("direction"), _num(c.get("bound_low")), _num(c.get("bound_high"))
+    if direction == "at_least" and bl is not None:
+        zone = (at(S.in_units(bl, q)), 100.0 - at(S.in_units(bl, q)))
+    elif direction == "at_most" and bh is not None:
+        zone = (0.0, at(S.in_units(bh, q)))
+    elif direction == "within" and bl is not None and bh is not None:
+        zone = (at(S.in_units(bl, q)), at(S.in_units(bh, q)) - at(S.in_units(bl, q)))
+    signed = q == "points"
+    ticks = [t for t in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(left, right)
+             if left <= t <= right and all(abs(at(float(t)) - at(v)) > 9 for v in bounds)]  # the bound has its label
+    unit = S.UNIT_TEXT[q] if q in ("percent", "ratio") else ""
+    return ForestRow(
+        **common, ci=(a, max(b - a, 0.6)), open_low=lo is None, open_high=hi is None,
+        estimate=None if est is None else at(est),
+        bounds=tuple(Mark(at(v), S.sig3(v, trim=True) + unit) for v in bounds), zone=zone,
+        reference=Mark(at(ref), S.sig3(ref, trim=True) + unit),
+        ticks=tuple(Mark(at(float(t)), S.sig3(float(t), signed=signed, trim=True) + unit) for t in ticks),
+    )
+
+
+def forest_rows(report: Mapping[str, Any]) -> list[tuple[str, list[ForestRow]]]:
+    """Every criterion of the verdict as forest rows, grouped (primary, guard, health, speed)
+    in the gate's order within each group; empty groups left out."""
+    rows = [forest_row(c) for c in S.get(report, "verdict", "criteria") or [] if isinstance(c, Mapping)]
+    return [(title, [r for r in rows if r.group == key]) for key, title in FOREST_GROUPS
+            if any(r.group == key for r in rows)]
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _criterion(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    for c in S.get(report, "verdict", "criteria") or []:
+        if isinstance(c, Mapping) and c.get("name") == name:
+            return c
+    return {}
+
+
+def lengths_figure(lengths: Mapping[str, Any] | None, bound: tuple[float, float] | None = None,
+                   ab: Mapping[str, Any] | None = None, aa: Mapping[str, Any] | None = None) -> Figure | None:
+    """Paired output lengths: each item's baseline against candidate length, with the length
+    criterion's bound as the wedge the mean point must sit in; and the per-item differences.
+
+    `lengths` holds the paired lists (report["plots"]["lengths"]); `ab` / `aa` are the overall
+    generation blocks (the ratio's CI, the A/A means). The A/A replicate's lengths are stored
+    without their baseline partners, so only its mean point is drawn."""
+    base, cand = _ints((lengths or {}).get("base")), _ints((lengths or {}).get("cand"))
+    n = min(len(base), len(cand))
+    if not n:
         return None
-    fig = Figure(figsize=(7, 3.4))
-    ax = fig.add_subplot()
-    every = base + cand + aa
-    bins = np.histogram_bin_edges(every, bins=min(40, max(5, len(set(every)))))
-    ax.hist(base, bins=bins, alpha=0.55, color=BASE, label=f"baseline (n={len(base)})")
-    ax.hist(cand, bins=bins, alpha=0.55, color=CAND, label=f"candidate (n={len(cand)})")
-    if aa:
-        ax.hist(aa, bins=bins, histtype="step", label=f"A/A replicate (n={len(aa)})", **FLOOR_STYLE)
-    ax.set_xlabel("output length (tokens)")
-    ax.set_ylabel("samples")
-    ax.set_title("Output length distribution")
-    ax.legend(fontsize=8)
+    b, c = np.array(base[:n], float), np.array(cand[:n], float)
+    fig = Figure(figsize=(9.6, 4.4))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
+    # lengths span decades (8-token answers beside 200-token runaways): log axes when none is 0,
+    # where the ±δ bound is a band of constant width around the diagonal
+    log = bool(b.min() >= 1 and c.min() >= 1 and max(b.max(), c.max()) / min(b.min(), c.min()) >= 8)
+    floor = 0.8 * min(b.min(), c.min()) if log else 0.0
+    top = max(float(b.max()), float(c.max()), 1.0) * (1.25 if log else 1.08)
+    xs = np.geomspace(max(floor, 1e-3), top, 50) if log else np.array([0.0, top])
+    if bound is not None:
+        left.fill_between(xs, bound[0] * xs, bound[1] * xs, color=PASS_ZONE, zorder=0, linewidth=0)
+        for k, r in enumerate(bound):
+            left.plot(xs, r * xs, label=f"bound: mean ratio within [{S.sig3(bound[0], trim=True)}, "
+                      f"{S.sig3(bound[1], trim=True)}]" if k == 0 else None, zorder=1, **BOUND_STYLE)
+    left.plot(xs, xs, color="#999999", linewidth=0.8, zorder=1)
+    pairs, counts = np.unique(np.stack([b, c], axis=1), axis=0, return_counts=True)
+    left.scatter(pairs[:, 0], pairs[:, 1], s=10 + 14 * np.sqrt(counts), color=CAND, edgecolors="white",
+                 linewidths=0.4, zorder=2, label=f"items (n={n}; a bigger dot: several items)")
+    ratio = float(c.mean() / b.mean()) if b.mean() > 0 else math.nan
+    ci = S.fmt_quantity_interval(*((ab or {}).get("len_ratio_ci") or [None, None])[:2], "ratio")
+    left.scatter([b.mean()], [c.mean()], marker="D", s=70, color="black", zorder=4,
+                 label=f"mean {S.sig3(b.mean())} → {S.sig3(c.mean())} tokens: {S.sig3(ratio)}×"
+                       + ("" if ci == S.MISSING else f" {ci}"))
+    aa_b, aa_c = _num((aa or {}).get("len_base_mean")), _num((aa or {}).get("len_cand_mean"))
+    if aa_b is not None and aa_c is not None:
+        left.scatter([aa_b], [aa_c], marker="s", s=60, facecolors="none", edgecolors=FLOOR, linewidths=1.6,
+                     zorder=3, label=f"A/A mean (base vs base again): {S.sig3(aa_b)} → {S.sig3(aa_c)}")
+    if log:
+        ticks = [m * 10 ** e for e in range(0, 7) for m in (1, 2, 5) if floor <= m * 10 ** e <= top]
+        left.set_xscale("log")
+        left.set_yscale("log")
+        for axis in (left.xaxis, left.yaxis):
+            axis.set_ticks(ticks, [f"{t:,}" for t in ticks])
+            axis.set_minor_locator(NullLocator())
+    left.set_xlim(floor, top)
+    left.set_ylim(floor, top)
+    left.set_xlabel("baseline output length (tokens)")
+    left.set_ylabel("candidate output length (tokens)")
+    left.set_title("Paired output lengths, one dot per item" + (" (log scales)" if log else ""), fontsize=10)
+    # below the axes: the upper-left corner is where runaway outputs land, the lower-right cut-off ones
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    d = c - b
+    lo, hi = int(d.min()), int(d.max())
+    edges = np.arange(lo - 0.5, hi + 1.5, max(1, math.ceil((hi - lo + 1) / 40)))
+    right.hist(d, bins=edges, color=CAND, edgecolor="white", linewidth=0.3)
+    right.axvline(0, color="#999999", linewidth=0.8)
+    same, longer, shorter = (float(np.mean(x)) for x in (d == 0, d > 0, d < 0))
+    right.set_title(f"Candidate − baseline, per item\n{S.fmt_pct(same)} same length, {S.fmt_pct(longer)} longer, "
+                    f"{S.fmt_pct(shorter)} shorter", fontsize=9)
+    right.set_xlabel("length difference (tokens)")
+    right.set_ylabel("items")
     fig.tight_layout()
     return fig
 
@@ -71,7 +268,7 @@ def first_divergence_figure(block: Mapping[str, Any] | None) -> Figure | None:
     aa = list((block or {}).get("aa") or [])
     if not ab:
         return None
-    fig = Figure(figsize=(7, 3.4))
+    fig = Figure(figsize=(6.4, 3.4))
     ax = fig.add_subplot()
     for values, label, style in ((ab, "A/B (base vs cand)", {"color": CAND, "linewidth": 2}),
                                  (aa, "A/A floor (base vs base)", FLOOR_STYLE)):
@@ -85,48 +282,69 @@ def first_divergence_figure(block: Mapping[str, Any] | None) -> Figure | None:
         else:
             ax.axhline(0.0, label=f"{label}: all {total} identical", **style)
     ax.set_ylim(0, 1.02)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_xlabel("token position of first divergence")
-    ax.set_ylabel("share of pairs diverged")
-    ax.set_title("First-divergence CDF")
+    ax.set_ylabel("pairs diverged by then")
+    ax.set_title("First-divergence CDF", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
 
 
-def _bucket_series(buckets: Sequence[Mapping[str, Any]], key: str) -> tuple[list[str], list[float]]:
-    labels, values = [], []
-    for b in buckets or []:
-        start, end = b.get("start"), b.get("end")
-        labels.append(f"{start}–{end}" if end is not None else f"{start}+")
-        value = b.get(key)
-        values.append(float(value) if isinstance(value, (int, float)) else float("nan"))
-    return labels, values
+def _filled(buckets: Sequence[Any] | None) -> dict[tuple[Any, Any], Mapping[str, Any]]:
+    """Buckets that hold tokens, by (start, end); empty ones are never drawn."""
+    return {(b.get("start"), b.get("end")): b for b in buckets or []
+            if isinstance(b, Mapping) and (b.get("n_tokens") or 0) > 0 and b.get("mean_kl") is not None}
 
 
-def by_position_figure(block: Mapping[str, Any] | None) -> Figure | None:
-    """Mean KL and same-top-1 rate per token-position bucket, A/B against the A/A floor."""
-    ab = list((block or {}).get("ab") or [])
-    aa = list((block or {}).get("aa") or [])
+def by_position_figure(block: Mapping[str, Any] | None, kl_bound: float | None = None,
+                       top1_bound: float | None = None, floor: Mapping[str, Any] | None = None) -> Figure | None:
+    """Token mean KL and same-top-1 rate per position bucket (only buckets with tokens), A/B
+    beside the A/A floor, with the criterion's bound drawn over the floor so the axis holds it.
+
+    `floor` is the overall A/A teacher block (its token means place the bound lines); the gate
+    tests item means, so the lines are a guide to scale, not the test itself."""
+    ab, aa = _filled((block or {}).get("ab")), _filled((block or {}).get("aa"))
     if not ab:
         return None
-    fig = Figure(figsize=(7, 5.2))
+    keys = sorted(ab, key=lambda k: k[0] or 0)
+    x = np.arange(len(keys))
+    labels = [f"{s}–{e - 1}" if e is not None else f"{s}+" for s, e in keys]
+    labels = [f"{lab}\n{ab[k]['n_tokens']:,} tok" for lab, k in zip(labels, keys)]
+    fig = Figure(figsize=(6.4, 4.6))
     axes = fig.subplots(2, 1, sharex=True)
-    labels, _ = _bucket_series(ab, "mean_kl")
-    x = np.arange(len(labels))
-    for ax, key, name in ((axes[0], "mean_kl", "mean KL(base‖cand)"),
-                          (axes[1], "same_top1_rate", "same top-1 rate")):
-        _, ab_values = _bucket_series(ab, key)
-        ax.plot(x, ab_values, marker="o", color=CAND, label="A/B (base vs cand)")
-        if aa:
-            _, aa_values = _bucket_series(aa, key)
-            aa_values = (aa_values + [float("nan")] * len(x))[: len(x)]
-            ax.plot(x, aa_values, marker="s", label="A/A floor", **FLOOR_STYLE)
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-    axes[0].set_title("Teacher-forced divergence by token position")
-    axes[0].legend(fontsize=8)
-    axes[1].set_xticks(x, labels, rotation=30, fontsize=8)
-    axes[1].set_xlabel("token position bucket")
+    floor_kl = _num((floor or {}).get("mean_kl")) or 0.0
+    floor_top1 = _num((floor or {}).get("same_top1_rate"))
+    floor_top1 = 1.0 if floor_top1 is None else floor_top1
+    panels = ((axes[0], "mean_kl", "KL(base‖cand)\nnats/token", floor_kl + kl_bound if kl_bound is not None else None),
+              (axes[1], "same_top1_rate", "same top-1", floor_top1 - top1_bound if top1_bound is not None else None))
+    for ax, key, name, line in panels:
+        ab_v = [float(ab[k][key]) for k in keys]
+        ax.plot(x - 0.08, ab_v, "o", color=CAND, markersize=7, label="A/B (base vs cand)")
+        aa_x = [i + 0.08 for i, k in enumerate(keys) if k in aa]
+        aa_v = [float(aa[k][key]) for k in keys if k in aa]
+        if aa_v:
+            ax.plot(aa_x, aa_v, "s", color=FLOOR, markersize=6, markerfacecolor="white", markeredgewidth=1.6,
+                    label="A/A floor (base vs base)")
+        values = ab_v + aa_v
+        if line is not None:
+            ax.axhline(line, label="A/A floor + bound (the gate tests item means)" if key == "mean_kl"
+                       else "A/A floor − bound (the gate tests item means)", **BOUND_STYLE)
+            values.append(line)
+        if key == "mean_kl":
+            top = max(max(values) * 1.15, 1e-6)
+            ax.set_ylim(-0.04 * top, top)
+        else:
+            low = min(values)
+            ax.set_ylim(max(0.0, low - 0.15 * (1.0 - low) - 0.005), 1.0 + 0.1 * (1.0 - low) + 0.002)
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_ylabel(name, fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7, loc="best")
+    axes[0].set_title("Teacher-forced divergence by token position (token means)", fontsize=10)
+    axes[1].set_xticks(x, labels, fontsize=8)
+    axes[1].set_xlim(-0.6, len(keys) - 0.4)
+    axes[1].set_xlabel("token position in the completion (buckets holding tokens)")
     fig.tight_layout()
     return fig
 
@@ -136,7 +354,7 @@ def flips_figure(flips: Mapping[str, Any] | None, aa_flips: Mapping[str, tuple[A
     suites = sorted((flips or {}).keys())
     if not suites:
         return None
-    fig = Figure(figsize=(7, 3.4))
+    fig = Figure(figsize=(6.4, 3.4))
     ax = fig.add_subplot()
     x = np.arange(len(suites))
     width = 0.38
@@ -155,9 +373,45 @@ def flips_figure(flips: Mapping[str, Any] | None, aa_flips: Mapping[str, tuple[A
                           label=None if marked else "A/A floor flips", **FLOOR_STYLE)
                 marked = True
     ax.set_xticks(x, suites, rotation=20, fontsize=8)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("items")
-    ax.set_title("Answer flips per suite")
+    ax.set_title("Answer flips per suite", fontsize=10)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def speed_figure(speed: Mapping[str, Any] | None) -> Figure | None:
+    """Output tokens/s of each arm with the ratio and its CI, and latency p50/p95 side by side."""
+    b, c = (speed or {}).get("baseline") or {}, (speed or {}).get("candidate") or {}
+    tb, tc = _num(b.get("output_tok_s")), _num(c.get("output_tok_s"))
+    if tb is None or tc is None:
+        return None
+    ratio = (speed or {}).get("ratio") or {}
+    fig = Figure(figsize=(6.4, 3.4))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
+    left.barh([1, 0], [tb, tc], color=[BASE, CAND], height=0.6)
+    for y, v in ((1, tb), (0, tc)):
+        left.text(v, y, f" {S.sig3(v)}", va="center", fontsize=9)
+    left.set_yticks([1, 0], ["baseline", "candidate"])
+    left.set_xlim(0, max(tb, tc) * 1.25)
+    left.set_xlabel("output tokens/s")
+    est = _num(ratio.get("estimate"))
+    title = f"cand / base: {S.fmt_quantity(est, 'ratio')}" if est is not None else "cand / base: not measured"
+    ci = S.fmt_quantity_interval(ratio.get("ci_low"), ratio.get("ci_high"), "ratio")
+    left.set_title(title + ("" if ci == S.MISSING else f" {ci}\nper-request tokens/s"), fontsize=9)
+    lat = [(k, _num(b.get(k)), _num(c.get(k))) for k in ("latency_p50", "latency_p95")]
+    lat = [(k, vb, vc) for k, vb, vc in lat if vb is not None and vc is not None]
+    if lat:
+        x = np.arange(len(lat))
+        right.bar(x - 0.19, [vb for _, vb, _ in lat], 0.38, color=BASE, label="baseline")
+        right.bar(x + 0.19, [vc for _, _, vc in lat], 0.38, color=CAND, label="candidate")
+        right.set_xticks(x, [k.replace("latency_", "") for k, _, _ in lat])
+        right.set_ylabel("seconds per request")
+        right.legend(fontsize=7)
+        right.set_title("Request latency", fontsize=9)
+    else:
+        right.set_axis_off()
     fig.tight_layout()
     return fig
 
@@ -170,44 +424,60 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
         task_aa = ((block or {}).get("task") or {}).get("aa")
         if task_aa:
             aa_flips[name] = (task_aa.get("flips_right_to_wrong"), task_aa.get("flips_wrong_to_right"))
+    length = _criterion(report, "length_ratio")
+    lo, hi = _num(length.get("bound_low")), _num(length.get("bound_high"))
+    overall = S.get(report, "suites", "overall") or {}
     return {
-        "lengths": to_data_uri(lengths_figure(plots.get("lengths"))),
+        "lengths": to_data_uri(lengths_figure(plots.get("lengths"), (lo, hi) if lo is not None and hi is not None
+                                              else None, S.get(overall, "generation", "ab"),
+                                              S.get(overall, "generation", "aa"))),
         "first_divergence": to_data_uri(first_divergence_figure(plots.get("first_divergence"))),
-        "by_position": to_data_uri(by_position_figure(plots.get("by_position"))),
+        "by_position": to_data_uri(by_position_figure(
+            plots.get("by_position"), _num(_criterion(report, "kl_excess").get("bound_high")),
+            _num(_criterion(report, "top1_loss").get("bound_high")), S.get(overall, "teacher", "aa"))),
         "flips": to_data_uri(flips_figure(plots.get("flips"), aa_flips)),
+        "speed": to_data_uri(speed_figure(report.get("speed"))),
     }
 
 
 def trajectory_figure(verdict: Mapping[str, Any] | None) -> Figure | None:
-    """Each primary criterion's interval at each look of a sequential compare, against its bound."""
+    """Each primary criterion's interval at each look of a sequential compare, against its bound,
+    in the criterion's units and coloured by its status at that look; None below two looks."""
     verdict = verdict or {}
     looks = (verdict.get("sequential") or {}).get("looks") or []
     crits = [c for c in verdict.get("criteria") or [] if c.get("role", "primary") == "primary"
              and c.get("status") != "not_evaluated" and not str(c.get("name", "")).startswith("failed_rate")]
-    if not looks or not crits:
+    if len(looks) < 2 or not crits:
         return None
-    cols = min(3, len(crits))
+    cols = 2 if len(crits) > 1 else 1
     rows = -(-len(crits) // cols)
-    fig = Figure(figsize=(3.2 * cols, 2.4 * rows))
+    fig = Figure(figsize=(5.6, 0.4 + 1.75 * rows))
     for i, c in enumerate(crits):
         ax = fig.add_subplot(rows, cols, i + 1)
         label = c.get("label") or c["name"]
-        pts = [(lk["items"], lk["criteria"].get(label) or {}) for lk in looks]
-        xs = [x for x, p in pts if p.get("estimate") is not None]
-        est = [p["estimate"] for _, p in pts if p.get("estimate") is not None]
-        lo = [p["ci_low"] if p.get("ci_low") is not None else p["estimate"] for _, p in pts if p.get("estimate") is not None]
-        hi = [p["ci_high"] if p.get("ci_high") is not None else p["estimate"] for _, p in pts if p.get("estimate") is not None]
-        if xs:
-            yerr = [np.maximum(0.0, np.subtract(est, lo)), np.maximum(0.0, np.subtract(hi, est))]
-            ax.errorbar(xs, est, yerr=yerr, fmt="o", color=CAND, capsize=3)
+        q = S.quantity(str(c["name"]))
+        for lk in looks:
+            p = (lk.get("criteria") or {}).get(label) or {}
+            est = _num(p.get("estimate"))
+            if est is None:
+                continue
+            lo, hi = _num(p.get("ci_low")), _num(p.get("ci_high"))
+            y = S.in_units(est, q)
+            yl = S.in_units(lo if lo is not None else est, q)
+            yh = S.in_units(hi if hi is not None else est, q)
+            color = STATUS_COLOR.get(str(p.get("status")), FLOOR)
+            ax.errorbar([lk["items"]], [y], yerr=[[max(0.0, y - yl)], [max(0.0, yh - y)]], fmt="o", color=color,
+                        capsize=3, markersize=4)
         for bound in (c.get("bound_low"), c.get("bound_high")):
             if bound is not None:
-                ax.axhline(bound, color="#c0392b", linestyle="--", linewidth=1.2)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("items judged", fontsize=8)
+                ax.axhline(S.in_units(float(bound), q), **BOUND_STYLE)
+        name = S.short_label(c).removeprefix("the ")
+        ax.set_title(f"{name} ({S.UNIT_TEXT[q].strip()})", fontsize=8)
         ax.tick_params(labelsize=7)
-        if xs:
-            ax.set_xticks(xs)
-    fig.suptitle("Intervals at each look; red dashes: the bound", fontsize=9)
+        ax.set_xticks([lk["items"] for lk in looks])
+        ax.margins(x=0.15)
+        if i >= len(crits) - cols:
+            ax.set_xlabel("items judged", fontsize=7)
+    fig.suptitle("Each look's interval; red dashes: the bound; colour: status then", fontsize=8)
     fig.tight_layout()
     return fig

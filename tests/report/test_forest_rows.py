@@ -1,0 +1,119 @@
+"""The forest plot's rows and the words beside the verdict: units, scales, and what to do next."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from kvqual.report import summary as S
+from kvqual.report.plots import forest_row, forest_rows
+
+
+def _crit(**kw):
+    base = {"name": "accuracy", "suite": None, "status": "inconclusive", "direction": "at_least", "bound_low": -0.05,
+            "bound_high": None, "estimate": -0.0185, "ci_low": -0.0827, "ci_high": 0.0457, "ci_level": 0.96,
+            "n": 108, "n_more": 342, "unit": "items", "role": "primary", "detail": ""}
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize("value, kw, text", [
+    (-0.027777, {}, "−0.0278"), (1.0026, {}, "1.00"), (1.0026, {"trim": True}, "1"), (0.00554, {}, "0.00554"),
+    (1234.5, {}, "1,230"), (9.996, {}, "10.0"), (0.0, {"signed": True}, "0"), (4.57, {"signed": True}, "+4.57"),
+    (float("inf"), {}, "∞"), (1e-5, {}, "1.00e−05"),
+])
+def test_three_significant_figures_with_a_real_minus(value, kw, text):
+    assert S.sig3(value, **kw) == text
+
+
+def test_criteria_read_in_their_units():
+    assert S.reading(_crit()) == "−1.85 points [−8.27, +4.57]"
+    assert S.fmt_bound(_crit()) == "≥ −5 points"
+    kl = _crit(name="kl_excess", direction="at_most", bound_low=None, bound_high=0.012, estimate=0.005544,
+               ci_low=0.004821, ci_high=0.006674)
+    assert (S.reading(kl), S.fmt_bound(kl)) == ("0.00554 nats/token [0.00482, 0.00667]", "≤ 0.012 nats/token")
+    top1 = _crit(name="top1_loss", direction="at_most", bound_low=None, bound_high=0.042, estimate=0.0255,
+                 ci_low=0.0183, ci_high=0.0344)
+    assert (S.reading(top1), S.fmt_bound(top1)) == ("+2.55 points [+1.83, +3.44]", "≤ 4.2 points")
+    failed = _crit(name="failed_rate_candidate", direction="at_most", bound_low=None, bound_high=0.01, estimate=0.0,
+                   ci_low=0.0, ci_high=0.0313)
+    assert (S.reading(failed), S.fmt_bound(failed)) == ("0% [0%, 3.13%]", "≤ 1%")
+    length = _crit(name="length_ratio", direction="within", bound_low=0.9, bound_high=1.1, estimate=1.0026,
+                   ci_low=0.9563, ci_high=1.0512)
+    assert (S.reading(length), S.fmt_bound(length)) == ("1.00× [0.956, 1.05]", "within [0.9, 1.1]")
+    assert S.reading(_crit(ci_low=None)) == "−1.85 points (−∞, +4.57]"
+
+
+def test_a_row_holds_its_interval_its_bound_and_no_change_on_one_scale():
+    row = forest_row(_crit())
+    left, width = row.ci
+    assert 0 <= left and left + width <= 100 and width > 50  # the interval fills the row, not a sliver
+    (bound,) = row.bounds
+    assert bound.text == "−5" and 0 < bound.at < left + width  # the bound is drawn inside the scale
+    assert row.zone == (bound.at, 100 - bound.at)  # at_least: inside the bound is to its right
+    assert row.reference.text == "0" and left < row.reference.at < left + width
+    assert all(0 <= t.at <= 100 for t in row.ticks) and row.ticks
+    assert not any(t.text == "−5" for t in row.ticks)  # the bound has its own label
+
+
+def test_a_dip_far_inside_the_bound_does_not_fill_the_scale():
+    """top-1 loss 0.3 points against a bound 4.2 points away: the axis runs to the bound, so the
+    interval is a short bar near 0, not a dramatic zoom (the old 0.978–1.000 axis)."""
+    row = forest_row(_crit(name="top1_loss", direction="at_most", bound_low=None, bound_high=0.042, estimate=0.003,
+                           ci_low=0.001, ci_high=0.005, status="pass"))
+    assert row.ci[1] < 15 and row.bounds[0].at > 85
+    assert row.zone == (0.0, row.bounds[0].at)  # at_most: inside is left of the bound
+
+
+def test_unbounded_and_missing_intervals():
+    open_row = forest_row(_crit(ci_low=None))
+    assert open_row.open_low and open_row.ci[0] == 0.0
+    empty = forest_row(_crit(name="kl_excess", estimate=None, ci_low=None, ci_high=None,
+                             detail="token metrics usable on 0 of 31 pairs"))
+    assert empty.ci is None and empty.note == "token metrics usable on 0 of 31 pairs"
+
+
+def test_rows_are_grouped_primary_guard_health_speed(report):
+    groups = forest_rows(report)
+    assert [title.split(":")[0] for title, _ in groups] == ["Primary criteria", "Run health", "Speed"]
+    r = copy.deepcopy(report)
+    r["verdict"]["criteria"][0]["role"] = "guard"
+    assert [len(rows) for _, rows in forest_rows(r)] == [3, 1, 2, 1]
+
+
+def _verdict(report, verdict: str, **changes):
+    r = copy.deepcopy(report)
+    r["verdict"]["verdict"] = verdict
+    for name, fields in changes.items():
+        next(c for c in r["verdict"]["criteria"] if c["name"] == name).update(fields)
+    return r
+
+
+def test_why_and_what_next_for_each_verdict(report):
+    fail = S.decision(report)
+    assert fail.why == ("KL beyond the A/A floor is outside its bound: 0.0410 nats/token [0.0340, 0.0490], "
+                        "bound ≤ 0.03 nats/token.")
+    assert fail.next_step.startswith("Do not ship fp8: its token distributions moved")
+
+    undecided = S.decision(_verdict(report, "INCONCLUSIVE", kl_excess={"status": "pass"}))
+    assert undecided.why == ("Accuracy on arith is not decided: −5.00 points [−16.0, +6.00] straddles its bound "
+                             "≥ −5 points.")
+    assert undecided.next_step == ("Run about 140 more items to decide accuracy on arith; nothing was shown "
+                                   "outside its bound.")
+
+    passed = S.decision(_verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"}))
+    assert passed.why == "All 6 primary criteria are shown inside their bounds."
+    assert passed.next_step == "fp8 can ship on these criteria."
+    slow = _verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"})
+    slow["speed"]["ratio"]["estimate"] = 0.59
+    assert "but it ran at 0.590× the baseline's throughput" in S.decision(slow).next_step
+
+
+def test_undecided_without_data_says_what_to_fix_not_how_many_items(report):
+    r = _verdict(report, "INCONCLUSIVE", kl_excess={"status": "inconclusive", "estimate": None, "ci_low": None,
+                                                    "ci_high": None, "n_more": None,
+                                                    "detail": "token metrics usable on 0 of 31 pairs; more"})
+    d = S.decision(r)
+    assert d.why.startswith("KL beyond the A/A floor has no estimate: token metrics usable on 0 of 31 pairs; "
+                            "also undecided: accuracy on arith")
+    assert d.next_step.startswith("Fix what left KL beyond the A/A floor undecided (more items will not)")
