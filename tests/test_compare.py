@@ -16,8 +16,8 @@ def items(n, prefix="q"):
             for i in range(n)]
 
 
-def kvqual(tmp_path, *args):
-    env = {**os.environ, "CI": "true"}
+def kvqual(tmp_path, *args, env=None):
+    env = {**os.environ, "CI": "true", **(env or {})}
     return subprocess.run([sys.executable, "-m", "kvqual", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -55,6 +55,42 @@ def test_identical_servers_pass(tmp_path, fake_server):
     assert looks and looks[-1]["verdict"] == "PASS" and looks[-1]["items"] <= 200
     html = next((tmp_path / "results").glob("compare-*/report.html")).read_text()
     assert 'id="plot-trajectory"><img' in html and 'id="trajectory"' in html
+
+
+def test_ci_use_env_options_json_verdict_one_step_summary(tmp_path, fake_server):
+    # what a CI job does: options from KVQUAL_* variables, the verdict as JSON on stdout, the
+    # Markdown in the step summary once, runs and report under --out (here KVQUAL_OUT)
+    setup(tmp_path, fake_server, [], n=80)
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    env = {"KVQUAL_SUITE": "s.jsonl", "KVQUAL_OUT": "ci-results", "KVQUAL_FIXED_N": "true",
+           "GITHUB_STEP_SUMMARY": str(summary)}
+    r = kvqual(tmp_path, "compare", "base", "cand", "--json", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    verdict = json.loads(r.stdout)
+    assert verdict["verdict"] == "PASS" and verdict["exit_code"] == 0 and verdict["sequential"]["planned_looks"] == 1
+    assert r.stderr.count("PASS") >= 1 and "reports: " in r.stderr
+    # one overall progress line per round and at the end, teacher forcing counted in the requests
+    assert "kvqual: compare round 1/1: " in r.stderr and "requests" in r.stderr
+    assert "kvqual: compare: " in r.stderr
+    assert not (tmp_path / "results").exists()
+    rep_dir, = (tmp_path / "ci-results").glob("compare-*")
+    runs = {arm: f"ci-results/{r['run_id']}" for arm, r in json.loads((rep_dir / "report.json").read_text())["runs"].items()
+            if r}
+    assert all((tmp_path / d / "manifest.json").is_file() for d in runs.values())
+    md = (rep_dir / "report.md").read_text()
+    assert summary.read_text() == "earlier step\n" + md + "\n"
+    again = kvqual(tmp_path, "report", runs["baseline"], runs["candidate"], "--out", "again", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert summary.read_text() == "earlier step\n" + md + "\n" + (tmp_path / "again" / "report.md").read_text() + "\n"
+
+
+def test_bad_env_option_is_a_usage_error(tmp_path):
+    r = kvqual(tmp_path, "compare", "bf16", "fp8", env={"KVQUAL_MAX_ITEMS": "lots"})
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "kvqual: error: $KVQUAL_MAX_ITEMS='lots': not a valid value for --max-items")
+    r = kvqual(tmp_path, "compare", "bf16", "fp8", env={"KVQUAL_FIXED_N": "maybe"})
+    assert r.returncode == 2 and "$KVQUAL_FIXED_N='maybe'" in r.stderr
 
 
 def test_many_wrong_answers_fail_and_report_reproduces(tmp_path, fake_server):
@@ -238,3 +274,22 @@ def test_an_aa_folder_left_without_a_manifest_is_not_taken_for_the_replicate(tmp
     real.mkdir()
     (real / "manifest.json").write_text("{}")
     assert find_aa(base) == real
+
+
+def test_a_slower_candidate_is_flagged_next_to_the_verdict(tmp_path, fake_server):
+    setup(tmp_path, fake_server, ["--delay", "1.0"], n=24)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--no-teacher-forcing")
+    assert r.returncode in (0, 3), r.stdout + r.stderr
+    note = r.stdout.splitlines()[1]
+    assert note.startswith("note: the candidate is slower: 0.") and "speed is not gated" in note, r.stdout
+    assert report_of(tmp_path)["speed"]["slower"] == note.removeprefix("note: ")
+
+
+def test_slower_flag_needs_the_whole_interval_below_one():
+    from kvqual.compare.session import slower_flag
+
+    assert slower_flag({"estimate": 0.97, "ci_low": 0.9, "ci_high": 1.02}, True, None) is None
+    assert slower_flag({"estimate": None, "ci_low": None, "ci_high": None}, True, None) is None
+    assert slower_flag({"estimate": 0.59, "ci_low": 0.52, "ci_high": 0.66}, False, 1.2) == (
+        "the candidate is slower: 0.59× the baseline's per-request output tok/s [0.52, 0.66] "
+        "(indicative: the servers were shared or queued); gated by min_speedup 1.2")

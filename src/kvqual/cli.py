@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 
 from kvqual import __version__
 from kvqual.errors import KvqualError, redact
-from kvqual.options import add_run_options, overrides
+from kvqual.options import add_run_options, apply_env_defaults, overrides
 
 EXAMPLES = """\
 examples:
@@ -31,7 +31,13 @@ examples:
 
 exit codes: 0 pass, 1 fail, 2 usage or bad input, 3 inconclusive, 4 infrastructure,
   128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); answers so far are kept
+
+environment: every long option of run, compare and report can be set as KVQUAL_<OPTION>
+  (KVQUAL_CONFIG=ci.toml, KVQUAL_MAX_MINUTES=30, KVQUAL_FIXED_N=1, KVQUAL_SUITE=a.jsonl,b.jsonl);
+  the command line wins
 """
+
+ENV_COMMANDS = ("run", "compare", "report")  # `serve` is launched by kvqual itself with explicit flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,8 +118,21 @@ def _stop_signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _env_defaults(parser: argparse.ArgumentParser, environ: dict[str, str]) -> None:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ENV_COMMANDS:
+        apply_env_defaults(sub.choices[name], environ)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
     parser = build_parser()
+    try:
+        _env_defaults(parser, dict(os.environ))
+    except KvqualError as exc:
+        print(f"kvqual: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:

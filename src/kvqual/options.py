@@ -7,7 +7,9 @@ module; neither imports the other.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Mapping
+
+from kvqual.errors import UsageError
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -38,3 +40,39 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": getattr(args, "repeats", None), "results_dir": args.out,
         "stream": args.stream,
     }
+
+
+ENV_PREFIX = "KVQUAL_"
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def env_name(option: str) -> str:
+    """`--max-items` → `KVQUAL_MAX_ITEMS`."""
+    return ENV_PREFIX + option.lstrip("-").replace("-", "_").upper()
+
+
+def apply_env_defaults(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Every long option of `p` can be set as KVQUAL_<OPTION> (CI jobs set them once for every
+    step); the command line wins. A flag reads 1/true/yes/on or 0/false/no/off; a repeatable
+    option (`--suite`) takes a comma-separated list. A value of the wrong type is a usage error
+    naming the variable."""
+    for action in p._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest in ("help", "version"):
+            continue
+        name = env_name(longs[0])
+        if name not in environ:
+            continue
+        raw = environ[name].strip()
+        if isinstance(action, argparse._StoreTrueAction):
+            if raw.lower() not in _TRUE | _FALSE:
+                raise UsageError(f"${name}={raw!r}: expected 1/true/yes/on or 0/false/no/off")
+            action.default = raw.lower() in _TRUE
+            continue
+        values = [v.strip() for v in raw.split(",") if v.strip()] if isinstance(action, argparse._AppendAction) \
+            else [raw]
+        try:
+            converted = [action.type(v) if action.type else v for v in values]
+        except (TypeError, ValueError):
+            raise UsageError(f"${name}={raw!r}: not a valid value for {longs[0]}") from None
+        action.default = converted if isinstance(action, argparse._AppendAction) else converted[0]

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from kvqual import __version__
 from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, causes, chat_payload, classify,
@@ -247,17 +247,18 @@ def progress_enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-def _progress_mode(progress: bool | None) -> str:
+def progress_mode(progress: bool | None) -> str:
     if progress is False:
         return "off"
     return "bar" if progress or progress_enabled() else "lines"
 
 
 async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress: bool | None = None,
-                  items_upto: int | None = None) -> RunManifest:
+                  items_upto: int | None = None, on_done: Callable[[], None] | None = None) -> RunManifest:
     """Send every unanswered unit of `plan` (of its first `items_upto` items: one round of a
     sequential compare); returns the manifest (also on disk): status "complete" once every unit of
-    the plan is answered, "partial" while later rounds are still to come."""
+    the plan is answered, "partial" while later rounds are still to come. `on_done` is called per
+    answer stored (a compare's overall progress)."""
     wanted = plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction, items_upto)
     all_units = len(wanted) if items_upto is None else len(
         plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction))
@@ -266,7 +267,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
     stats = RunStats(total=total, done=len(store.done), ok=len(store.done), started=time.perf_counter())
     transports = [Transport(u, plan.target.api_key(), run.timeout) for u in plan.target.base_urls]
     in_flight = [0] * len(transports)
-    bar = _Progress(plan.run_id, stats, _progress_mode(progress))
+    bar = _Progress(plan.run_id, stats, progress_mode(progress))
     iterator: Iterator[Unit] = iter(units)
     rng = random.Random(plan.params.seed)
     consecutive_conn_failures = 0
@@ -289,6 +290,8 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
                 in_flight[slot] -= 1
             store.append(sample)
             stats.done += 1
+            if on_done is not None:
+                on_done()
             stats.retries += sample.attempts - 1
             stats.reconnects += reconnects
             if sample.ok:
@@ -373,7 +376,8 @@ def new_manifest(plan: RunPlan, concurrency: int, server_info: dict[str, Any]) -
 
 async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefaults, *, limit: int | None = None,
                      replicate: int = 0, fraction: float = 1.0, rerun: bool = False,
-                     progress: bool | None = None, items_upto: int | None = None) -> RunManifest:
+                     progress: bool | None = None, items_upto: int | None = None,
+                     on_done: Callable[[], None] | None = None) -> RunManifest:
     """Probe the target, find (or create) its run folder, and send what is not answered yet
     (of the first `items_upto` items in the seeded order, when given: one round)."""
     from kvqual import probe
@@ -405,7 +409,7 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
         flushed = await probe.flush_cache(target.base_url, target.api_key())
         info["prefix_cache_flushed"] = flushed
         store = RunStore.open(run.results_dir, new_manifest(plan, run.concurrency, info), rerun=rerun, lock=lock)
-        return await execute(plan, store, run, progress=progress, items_upto=items_upto)
+        return await execute(plan, store, run, progress=progress, items_upto=items_upto, on_done=on_done)
     finally:  # however it ends, the run folder is free for the next writer
         if store is not None:
             store.close()

@@ -1,4 +1,4 @@
-"""write_reports: the three files, the returned paths, $GITHUB_STEP_SUMMARY, re-rendering."""
+"""write_reports: the three files, the returned paths, re-rendering; $GITHUB_STEP_SUMMARY untouched."""
 
 from __future__ import annotations
 
@@ -16,19 +16,18 @@ def test_writes_three_files_and_returns_their_paths(report, tmp_path, monkeypatc
     paths = write_reports(report, tmp_path / "out")
     assert paths == {"md": tmp_path / "out/report.md", "html": tmp_path / "out/report.html",
                      "junit": tmp_path / "out/junit.xml"}
-    assert paths["md"].read_text(encoding="utf-8").startswith("## ❌ kvqual: **FAIL**")
+    assert paths["md"].read_text(encoding="utf-8").startswith("## kvqual: **FAIL**")
     assert "<!DOCTYPE html>" in paths["html"].read_text(encoding="utf-8")
     assert len(ET.parse(paths["junit"]).getroot().findall(".//testcase")) == 7
 
 
-def test_appends_markdown_to_github_step_summary(report, tmp_path, monkeypatch):
+def test_leaves_github_step_summary_to_the_cli(report, tmp_path, monkeypatch):
+    # the CLI appends report.md once per command (tests/test_compare.py); a library call never does
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step\n", encoding="utf-8")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    paths = write_reports(report, tmp_path / "a")
-    write_reports(report, tmp_path / "b")
-    md = paths["md"].read_text(encoding="utf-8")
-    assert summary.read_text(encoding="utf-8") == "earlier step\n" + md + "\n" + md + "\n"
+    write_reports(report, tmp_path / "a")
+    assert summary.read_text(encoding="utf-8") == "earlier step\n"
 
 
 def test_same_input_same_bytes(report, tmp_path, monkeypatch):

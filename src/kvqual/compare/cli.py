@@ -38,6 +38,8 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
     p.add_argument("--no-teacher-forcing", action="store_true", help="skip echo scoring (token metrics absent)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare even when models or reported KV dtypes contradict the config (printed in the report)")
+    p.add_argument("--json", action="store_true",
+                   help="print the verdict object (report.json's \"verdict\") on stdout; the summary goes to stderr")
     p.set_defaults(func=cmd_compare)
 
     r = sub.add_parser("report", help="re-judge and re-render a comparison from saved runs (no server)")
@@ -50,6 +52,8 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
     r.add_argument("--looks", type=int, help="replay this many planned looks (default: the compare's plan)")
     r.add_argument("--fixed-n", action="store_true", help="judge once on every item (= --looks 1)")
     r.add_argument("--strict", action="store_true", help="[gate] mode = \"strict\"")
+    r.add_argument("--json", action="store_true",
+                   help="print the verdict object (report.json's \"verdict\") on stdout; the summary goes to stderr")
     r.set_defaults(func=cmd_report)
 
 
@@ -61,12 +65,23 @@ def _out_dir(results_dir: str, base_run: str, cand_run: str, out: str | None) ->
     return Path(out) if out else Path(results_dir) / f"compare-{base_run}-vs-{cand_run}"
 
 
-def _finish(report: dict, out_dir: Path) -> int:
+def _finish(report: dict, out_dir: Path, as_json: bool = False) -> int:
+    """Write the reports, append report.md to $GITHUB_STEP_SUMMARY (once per command), print."""
+    import json
+    import os
+
     from kvqual.compare import session
 
     paths = session.write_all(report, out_dir)
-    print(session.console_summary(report))
-    print(f"\nreports: {', '.join(str(p) for p in paths.values())}")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write(paths["md"].read_text(encoding="utf-8") + "\n")
+    text = sys.stderr if as_json else sys.stdout
+    print(session.console_summary(report), file=text)
+    print(f"\nreports: {', '.join(str(p) for p in paths.values())}", file=text)
+    if as_json:
+        print(json.dumps(report["verdict"], indent=2, allow_nan=False))
     return int(report["verdict"]["exit_code"])
 
 
@@ -77,7 +92,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     ov = overrides(args)
     ov.update(aa_fraction=args.aa_fraction, max_items=args.max_items, max_minutes=args.max_minutes,
               budget_tokens=args.budget_tokens)
-    ov["results_dir"] = None  # --out names the report folder here; runs stay in results/
     config, run, suites = prepare(args.config, ov, args.include_path)
     config = _gate_flags(config, args)
     flow = Compare(config, run, suites, config.target(args.baseline), config.target(args.candidate),
@@ -86,7 +100,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report = asyncio.run(flow.execute())
     s = flow.state
     assert s.bm is not None and s.cm is not None
-    return _finish(report, _out_dir(run.results_dir, s.bm.run_id, s.cm.run_id, args.out))
+    return _finish(report, _out_dir(run.results_dir, s.bm.run_id, s.cm.run_id, None), args.json)
 
 
 def _gate_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -123,4 +137,4 @@ def cmd_report(args: argparse.Namespace) -> int:
                            seed=bm.params.seed, plan=_plan(out, _out_dir(str(a.parent), bm.run_id, cm.run_id, None),
                                                            policy=config.gate))
     report["command"] = _command_line()
-    return _finish(report, out)
+    return _finish(report, out, args.json)

@@ -24,10 +24,11 @@ from typing import Any
 
 from kvqual.compare import metrics as mx
 from kvqual.compare import session
+from kvqual.compare.progress import CompareProgress
 from kvqual.config import Config, RunDefaults, Target
 from kvqual.gate import look_sizes
 from kvqual.records import RunManifest
-from kvqual.runner import item_order, run_target
+from kvqual.runner import progress_mode, item_order, plan_units, run_target
 from kvqual.store import load_samples
 from kvqual.suites import LoadedSuite
 
@@ -73,6 +74,26 @@ class Compare:
         # overlap a round's parts on one server (fuller batches, ~a third less wall time on CPU) unless speed
         # is gated: then each arm's answers run alone, so its per-request speed is measured on equal terms
         self.overlap = config.gate.min_speedup is None
+        self.progress = CompareProgress(len(self.sizes), "off")
+
+    # ------------------------------------------------------------ the plan, for the progress display
+
+    def units(self, k: int, fraction: float = 1.0) -> int:
+        """Requests of round k's new items in one arm (the A/A replicate: its `fraction` of them)."""
+        run, low = self.run, self.sizes[k - 1] if k else 0
+        return (len(plan_units(self.suites, run.repeats, run.seed, fraction, self.sizes[k]))
+                - (len(plan_units(self.suites, run.repeats, run.seed, fraction, low)) if k else 0))
+
+    def planned(self) -> int:
+        """Every request of every planned round: both arms' answers, the A/A replicate's, and the
+        forcing passes (two on the baseline in round 1; later rounds add the second only while the
+        A/A floor has not reproduced)."""
+        total = 0
+        for k in range(len(self.sizes)):
+            n = self.units(k)
+            total += 2 * n + (self.units(k, self.run.aa_fraction) if self.run.aa_fraction > 0 else 0)
+            total += (n * (2 if k == 0 else 1) + n) if self.tf else 0
+        return total
 
     # ------------------------------------------------------------ one round per arm
 
@@ -82,20 +103,28 @@ class Compare:
         upto, first = self.sizes[k], k == 0
         run = self.run
 
+        n, show, role = self.units(k), self.progress, "baseline"
+
         async def answers_then_forcing() -> RunManifest:
-            bm = await run_target(t, self.suites, run, limit=run.limit, rerun=self.rerun and first, items_upto=upto)
+            with show.part(f"{role} answers", n) as tick:
+                bm = await run_target(t, self.suites, run, limit=run.limit, rerun=self.rerun and first,
+                                      items_upto=upto, progress=False, on_done=tick)
             if self.tf:
                 base_dir = self.root / bm.run_id
                 again = first or not self._floor_reproduced(bm)
-                await session.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir,
-                                            keys=set(self.order[:upto]), again=again, check=first)
+                if again and not first:
+                    show.expect(n)  # the plan counted on the floor reproducing
+                with show.part(f"forcing on {role}", n * (2 if again else 1)) as tick:
+                    await session.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir,
+                                                keys=set(self.order[:upto]), again=again, check=first, on_done=tick)
             return bm
 
         async def replicate() -> RunManifest | None:
             if run.aa_fraction <= 0:
                 return None
-            return await run_target(t, self.suites, run, limit=run.limit, replicate=1, fraction=run.aa_fraction,
-                                    rerun=self.rerun and first, items_upto=upto, progress=None)
+            with show.part("A/A replicate", self.units(k, run.aa_fraction)) as tick:
+                return await run_target(t, self.suites, run, limit=run.limit, replicate=1, fraction=run.aa_fraction,
+                                        rerun=self.rerun and first, items_upto=upto, progress=False, on_done=tick)
 
         if self.overlap:
             self.state.bm, self.state.am = await asyncio.gather(answers_then_forcing(), replicate())
@@ -113,16 +142,22 @@ class Compare:
         if first:  # refuse a comparison of the wrong thing before spending server time on it
             self.state.warnings = session.verify(bm, await session.as_reported(t, bm), self.allow_mismatch)
 
+        n, show, role = self.units(k), self.progress, "candidate"
+
         async def answers() -> RunManifest:
             # `compare bf16 bf16` is an A/A check: the candidate is a fresh, independent run (replicate 2)
             # of a separately started server, never the baseline's own answers
-            return await run_target(t, self.suites, self.run, limit=self.run.limit, rerun=self.rerun and first,
-                                    replicate=2 if self.cand_t.name == self.base_t.name else 0, items_upto=upto)
+            with show.part(f"{role} answers", n) as tick:
+                return await run_target(t, self.suites, self.run, limit=self.run.limit, rerun=self.rerun and first,
+                                        replicate=2 if self.cand_t.name == self.base_t.name else 0, items_upto=upto,
+                                        progress=False, on_done=tick)
 
         async def forcing(cm: RunManifest) -> None:
             if self.tf:
-                await session.teacher_force(t, cm, self.root / bm.run_id, self.items, self.run,
-                                            own_dir=self.root / cm.run_id, keys=set(self.order[:upto]), check=first)
+                with show.part(f"forcing on {role}", n) as tick:
+                    await session.teacher_force(t, cm, self.root / bm.run_id, self.items, self.run,
+                                                own_dir=self.root / cm.run_id, keys=set(self.order[:upto]),
+                                                check=first, on_done=tick)
 
         if first or self.state.cm is None or not self.overlap:
             self.state.cm = await answers()
@@ -170,7 +205,8 @@ class Compare:
         """Judge after round k; True when the compare should stop (decided, or a budget spent)."""
         self.state.looks_taken = k + 1
         self.state.stop = self.budget_left(k) or (self.base_stop if k + 1 == self.base_rounds else None)
-        report = self.judge(k)
+        with self.progress.part("judging", 0):
+            report = self.judge(k)
         self.state.report = report
         decided = report["verdict"]["verdict"] != "INCONCLUSIVE"
         session.say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report['verdict']['verdict']}"
@@ -182,24 +218,32 @@ class Compare:
 
         together = serve_together(self.config, self.base_t, self.cand_t)
         rd = self.run.results_dir
-        if together:
-            async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
-                for k in range(len(self.sizes)):
-                    await self.base_round(b, k)
-                    await self.cand_round(c, k)
-                    if self._decided_at(k):
-                        break
-        else:
-            async with serving(self.base_t, rd) as b:
-                for k in range(len(self.sizes)):
-                    await self.base_round(b, k)
-                    self.base_rounds, self.base_stop = k + 1, self.budget_left(k)
-                    if self.base_stop:
-                        break
-            async with serving(self.cand_t, rd) as c:
-                for k in range(self.base_rounds):
-                    await self.cand_round(c, k)
-                    if self._decided_at(k):
-                        break
+        self.progress = show = CompareProgress(len(self.sizes), progress_mode(None))
+        show.expect(self.planned())
+        try:
+            if together:
+                async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
+                    for k in range(len(self.sizes)):
+                        show.start_round(k)
+                        await self.base_round(b, k)
+                        await self.cand_round(c, k)
+                        if self._decided_at(k):
+                            break
+            else:
+                async with serving(self.base_t, rd) as b:
+                    for k in range(len(self.sizes)):
+                        show.start_round(k)
+                        await self.base_round(b, k)
+                        self.base_rounds, self.base_stop = k + 1, self.budget_left(k)
+                        if self.base_stop:
+                            break
+                async with serving(self.cand_t, rd) as c:
+                    for k in range(self.base_rounds):
+                        show.start_round(k)
+                        await self.cand_round(c, k)
+                        if self._decided_at(k):
+                            break
+        finally:
+            show.close()
         assert self.state.report is not None
         return self.state.report

@@ -10,7 +10,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -65,10 +65,12 @@ def say(message: str) -> None:
 
 async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
                         run: RunDefaults, own_dir: Path, *, keys: set[tuple[str, str]] | None = None,
-                        again: bool = False, check: bool = True) -> float | None:
+                        again: bool = False, check: bool = True,
+                        on_done: Callable[[], None] | None = None) -> float | None:
     """Teacher-force the baseline's completions (of the items in `keys`, all when None) on `target`;
     `again` also runs the second pass on the same server (the token-level A/A floor). `check`:
-    first score the server's own outputs, per API kind, and refuse an echo that disagrees."""
+    first score the server's own outputs, per API kind, and refuse an echo that disagrees.
+    `on_done` is called per completion forced (either pass)."""
     if refusal(base_dir, manifest.run_id) is not None:
         return None  # this server's echo was refused at an earlier round
     base_samples = [s for s in load_samples(base_dir, "tokens").values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
@@ -91,9 +93,10 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                 say(f"warning: {exc}; judging {target.name} without teacher-forced metrics")
                 return None
         started = time.perf_counter()
-        passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id))]
+        passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id), on_done)]
         if again:  # both passes at once: the server batches them together
-            passes.append(force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True)))
+            passes.append(force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True),
+                                    on_done))
         for forced in await asyncio.gather(*passes):
             failed = [f for f in forced if (f.reason or "").startswith(FAILED)]
             if forced and len(failed) / len(forced) > run.max_failed_rate:
@@ -265,8 +268,9 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
             notes = [f"{arm}: {q}" for arm, q in (("baseline", sb.get("queued")), ("candidate", sc.get("queued"))) if q]
             if notes:
                 notes.append("speed figures not comparable: lower --concurrency to what the servers run at once")
-        speed = {"baseline": sb, "candidate": sc, "ratio": ratio,
-                 "comparable": not (overlap or sb.get("queued") or sc.get("queued")), "note": "; ".join(notes) or None}
+        comparable = not (overlap or sb.get("queued") or sc.get("queued"))
+        speed = {"baseline": sb, "candidate": sc, "ratio": ratio, "comparable": comparable,
+                 "note": "; ".join(notes) or None, "slower": slower_flag(ratio, comparable, policy.min_speedup)}
     cov = inputs.coverage
     methods = Counter(f.method for k, f in forced_c.items() if f.method and (k[0], k[1]) in judged)
     return {
@@ -334,6 +338,20 @@ def _stop_reason(verdict: str, taken: int, sizes: list[int], plan: dict[str, Any
     return f"budget spent: all {sizes[taken - 1]} items judged at look {taken} of {planned}"
 
 
+def slower_flag(ratio: Mapping[str, Any], comparable: bool, min_speedup: float | None) -> str | None:
+    """One sentence when the candidate is shown slower than the baseline (the ratio's whole
+    interval below 1), shown next to the verdict: speed counts in the verdict only with
+    `min_speedup`, but a faster config that is slower is news either way."""
+    high = ratio.get("ci_high")
+    if high is None or high >= 1:
+        return None
+    return (f"the candidate is slower: {ratio['estimate']:.2f}× the baseline's per-request output tok/s "
+            f"[{ratio['ci_low']:.2f}, {high:.2f}]"
+            + ("" if comparable else " (indicative: the servers were shared or queued)")
+            + ("; speed is not gated (set [gate] min_speedup to gate it)" if min_speedup is None
+               else f"; gated by min_speedup {min_speedup:g}"))
+
+
 def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / "report.json", report)
@@ -354,6 +372,9 @@ def bound_text(c: dict[str, Any]) -> str:
 def console_summary(report: dict[str, Any]) -> str:
     v = report["verdict"]
     lines = [f"{v['verdict']}: {v['reason']}"]
+    slower = (report.get("speed") or {}).get("slower")
+    if slower:
+        lines.append(f"note: {slower}")
     from kvqual.report.summary import capacity_line, sequential_line, teacher_line
 
     tf = teacher_line(report)

@@ -291,13 +291,13 @@ def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | N
 
 
 async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
-                    out: Path) -> list[Forced]:
+                    out: Path, on_done: Callable[[], None] | None = None) -> list[Forced]:
     """Teacher-force every sample not already in `out` (JSONL), appending each result the moment it
     completes (one flushed line), so an interrupted pass keeps what it scored and the next pass asks
     only for the rest: a sequential compare forces each round's items once. Failed ones are asked
-    again. Returns the Forced of `samples`, in their order."""
+    again. Returns the Forced of `samples`, in their order. `on_done` is called per record written."""
     with _one_writer(out):
-        return await _force_all(forcer, items, samples, out)
+        return await _force_all(forcer, items, samples, out, on_done)
 
 
 @contextlib.contextmanager
@@ -317,7 +317,7 @@ def _one_writer(out: Path) -> Iterator[None]:
 
 
 async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
-                     out: Path) -> list[Forced]:
+                     out: Path, on_done: Callable[[], None] | None) -> list[Forced]:
     done = {k: f for k, f in load_forced(out, logprobs=False).items() if not (f.reason or "").startswith(FAILED)}
     todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]  # failed ones are asked again
     if todo:
@@ -326,6 +326,8 @@ async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item
                 f = await forcer.force(items[(sample.suite, sample.id)], sample)
                 writer.write(f)  # no await inside: on one event loop each record lands whole (single writer)
                 done[(f.suite, f.id, f.repeat)] = f
+                if on_done is not None:
+                    on_done()
 
             tasks = [asyncio.ensure_future(one(s)) for s in todo]
             try:

@@ -7,7 +7,6 @@ server, and the same dict always gives the same bytes.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
@@ -29,8 +28,8 @@ __all__ = [
 
 
 def write_reports(report: Mapping[str, Any], out_dir: Path) -> dict[str, Path]:
-    """Write report.md, report.html and junit.xml into out_dir; append the Markdown to
-    $GITHUB_STEP_SUMMARY when it is set. Returns {"md", "html", "junit"} → paths."""
+    """Write report.md, report.html and junit.xml into out_dir. Returns {"md", "html", "junit"} →
+    paths. (The CLI, not this, appends report.md to $GITHUB_STEP_SUMMARY: once per command.)"""
     version = report.get("schema_version")
     if version != SCHEMA_VERSION:
         raise KvqualError(f"report schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
@@ -41,10 +40,6 @@ def write_reports(report: Mapping[str, Any], out_dir: Path) -> dict[str, Path]:
     paths["md"].write_text(markdown, encoding="utf-8")
     paths["html"].write_text(render_html(report), encoding="utf-8")
     paths["junit"].write_text(render_junit(report), encoding="utf-8")
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(markdown + "\n")
     return paths
 
 
