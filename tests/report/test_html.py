@@ -25,7 +25,7 @@ def test_self_contained_no_external_urls(report):
     assert "default-src 'none'" in html  # CSP: even an injected script could not run
 
 
-PLOT_NAMES = ("lengths", "by_position", "first_divergence", "flips", "speed")
+PLOT_NAMES = ("lengths", "length_drift", "by_position", "first_divergence", "flips", "speed")
 
 
 def test_every_plot_is_an_embedded_png(report):

@@ -8,7 +8,8 @@ import numpy as np
 from matplotlib.colors import to_rgba
 
 from kvqual.report.plots import (BOUND, CAND, _divergence_cdf, all_plots, by_position_figure, first_divergence_figure,
-                                 flips_figure, lengths_figure, speed_figure, to_data_uri, trajectory_figure)
+                                 flips_figure, length_drift_figure, lengths_figure, speed_figure, to_data_uri,
+                                 trajectory_figure)
 
 
 def _labels(ax) -> list[str]:
@@ -23,7 +24,7 @@ def _lengths(report):
 def test_every_comparison_plot_marks_the_aa_floor(report):
     aa = report["suites"]["arith"]["task"]["aa"]
     figures = {
-        "lengths": _lengths(report).axes[:1],  # the paired scatter; the difference histogram has no A/A pairs
+        "lengths": _lengths(report).axes,  # the drift histogram has no A/A: the replicate's pairs are not stored
         "first_divergence": first_divergence_figure(report["plots"]["first_divergence"]).axes,
         "by_position": by_position_figure(report["plots"]["by_position"], 0.03, 0.08).axes,
         "flips": flips_figure(report["plots"]["flips"],
@@ -39,19 +40,19 @@ def test_no_floor_drawn_when_aa_missing(report):
     assert not any(label.startswith("A/A") for label in _labels(fig.axes[0]))
 
 
-def test_length_plot_is_paired_and_draws_the_bound_without_translucent_overlays(report):
-    fig = _lengths(report)
-    scatter, diffs = fig.axes
+def test_length_plots_are_paired_and_draw_the_bound_without_translucent_overlays(report):
+    (scatter,) = _lengths(report).axes
     assert "bound: mean ratio within [0.9, 1.1]" in _labels(scatter)
     assert sum(1 for line in scatter.get_lines() if line.get_color() == BOUND) == 2  # both sides of the wedge
     mean = next(label for label in _labels(scatter) if label.startswith("mean "))
     assert mean == "mean 39.5 → 48.8 tokens: 1.23× [0.950, 1.12]"  # the plotted pairs' ratio, the report's CI
+    (diffs,) = length_drift_figure(report["plots"]["lengths"]).axes
     # one colour per element, nothing half-transparent to mix into brown
     for patch in diffs.patches + scatter.patches:
         assert patch.get_alpha() in (None, 1.0)
     base, cand = report["plots"]["lengths"]["base"], report["plots"]["lengths"]["cand"]
     assert sum(p.get_height() for p in diffs.patches) == len(base) == len(cand)  # one count per pair
-    assert "same length" in diffs.get_title()
+    assert "same" in diffs.get_title() and "longer" in diffs.get_title()
 
 
 def test_position_buckets_only_where_there_is_data_and_never_joined(report):
@@ -122,6 +123,7 @@ def test_cdf_legend_reports_identical_counts():
 
 def test_empty_inputs_give_no_figure():
     assert lengths_figure({"base": [], "cand": [], "aa": None}) is None
+    assert length_drift_figure(None) is None
     assert first_divergence_figure({"ab": [], "aa": None}) is None
     assert by_position_figure(None) is None
     assert by_position_figure({"ab": [{"start": 0, "end": 16, "n_tokens": 0, "mean_kl": None}]}) is None

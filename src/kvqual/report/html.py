@@ -92,7 +92,8 @@ _ENV = jinja2.Environment(
 
 STATUS_WORD = {"pass": "pass", "fail": "fail", "inconclusive": "undecided", "not_evaluated": "not judged"}
 PLOTS = (  # name, caption, full width
-    ("lengths", "Output lengths: paired per item, with the length criterion's bound", True),
+    ("lengths", "Output lengths: paired per item, with the length criterion's bound", False),
+    ("length_drift", "Length drift: candidate − baseline per item, in tokens", False),
     ("by_position", "KL and top-1 agreement by token position (buckets holding tokens)", False),
     ("first_divergence", "Where outputs first differ", False),
     ("flips", "Answer flips per suite", False),

@@ -187,21 +187,26 @@ def _criterion(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return {}
 
 
+def _paired_lengths(lengths: Mapping[str, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+    base, cand = _ints((lengths or {}).get("base")), _ints((lengths or {}).get("cand"))
+    n = min(len(base), len(cand))
+    return np.array(base[:n], float), np.array(cand[:n], float)
+
+
 def lengths_figure(lengths: Mapping[str, Any] | None, bound: tuple[float, float] | None = None,
                    ab: Mapping[str, Any] | None = None, aa: Mapping[str, Any] | None = None) -> Figure | None:
     """Paired output lengths: each item's baseline against candidate length, with the length
-    criterion's bound as the wedge the mean point must sit in; and the per-item differences.
+    criterion's bound as the wedge the mean point must sit in.
 
     `lengths` holds the paired lists (report["plots"]["lengths"]); `ab` / `aa` are the overall
     generation blocks (the ratio's CI, the A/A means). The A/A replicate's lengths are stored
     without their baseline partners, so only its mean point is drawn."""
-    base, cand = _ints((lengths or {}).get("base")), _ints((lengths or {}).get("cand"))
-    n = min(len(base), len(cand))
+    b, c = _paired_lengths(lengths)
+    n = b.size
     if not n:
         return None
-    b, c = np.array(base[:n], float), np.array(cand[:n], float)
-    fig = Figure(figsize=(9.6, 4.4))
-    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
+    fig = Figure(figsize=(6.4, 4.6))
+    left = fig.add_subplot()
     # lengths span decades (8-token answers beside 200-token runaways): log axes when none is 0,
     # where the ±δ bound is a band of constant width around the diagonal
     log = bool(b.min() >= 1 and c.min() >= 1 and max(b.max(), c.max()) / min(b.min(), c.min()) >= 8)
@@ -239,17 +244,29 @@ def lengths_figure(lengths: Mapping[str, Any] | None, bound: tuple[float, float]
     left.set_ylabel("candidate output length (tokens)")
     left.set_title("Paired output lengths, one dot per item" + (" (log scales)" if log else ""), fontsize=10)
     # below the axes: the upper-left corner is where runaway outputs land, the lower-right cut-off ones
-    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def length_drift_figure(lengths: Mapping[str, Any] | None) -> Figure | None:
+    """Per-item length difference candidate − baseline (tokens): how many got longer or shorter."""
+    b, c = _paired_lengths(lengths)
+    if not b.size:
+        return None
+    fig = Figure(figsize=(6.4, 3.4))
+    ax = fig.add_subplot()
     d = c - b
     lo, hi = int(d.min()), int(d.max())
     edges = np.arange(lo - 0.5, hi + 1.5, max(1, math.ceil((hi - lo + 1) / 40)))
-    right.hist(d, bins=edges, color=CAND, edgecolor="white", linewidth=0.3)
-    right.axvline(0, color="#999999", linewidth=0.8)
+    ax.hist(d, bins=edges, color=CAND, edgecolor="white", linewidth=0.3)
+    ax.axvline(0, color="#999999", linewidth=0.8)
     same, longer, shorter = (float(np.mean(x)) for x in (d == 0, d > 0, d < 0))
-    right.set_title(f"Candidate − baseline, per item\n{S.fmt_pct(same)} same length, {S.fmt_pct(longer)} longer, "
-                    f"{S.fmt_pct(shorter)} shorter", fontsize=9)
-    right.set_xlabel("length difference (tokens)")
-    right.set_ylabel("items")
+    ax.set_title(f"Candidate − baseline length, per item: {S.fmt_pct(same)} same,\n"
+                 f"{S.fmt_pct(longer)} longer, {S.fmt_pct(shorter)} shorter (n={d.size})", fontsize=9)
+    ax.set_xlabel("length difference (tokens)")
+    ax.set_ylabel("items")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig
 
@@ -431,6 +448,7 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
         "lengths": to_data_uri(lengths_figure(plots.get("lengths"), (lo, hi) if lo is not None and hi is not None
                                               else None, S.get(overall, "generation", "ab"),
                                               S.get(overall, "generation", "aa"))),
+        "length_drift": to_data_uri(length_drift_figure(plots.get("lengths"))),
         "first_divergence": to_data_uri(first_divergence_figure(plots.get("first_divergence"))),
         "by_position": to_data_uri(by_position_figure(
             plots.get("by_position"), _num(_criterion(report, "kl_excess").get("bound_high")),
