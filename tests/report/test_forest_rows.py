@@ -105,7 +105,7 @@ def test_why_and_what_next_for_each_verdict(report):
     assert passed.why == "All 6 primary criteria are shown inside their bounds."
     assert passed.next_step == "fp8 can ship on these criteria."
     slow = _verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"})
-    slow["speed"]["ratio"]["estimate"] = 0.59
+    slow["speed"]["ratio"].update(estimate=0.59, ci_low=0.5, ci_high=0.7)
     assert "but it ran at 0.590× the baseline's throughput" in S.decision(slow).next_step
 
 

@@ -149,7 +149,11 @@ def test_a_slower_candidate_is_flagged_beside_the_verdict(report):
     r = copy.deepcopy(report)
     r["speed"]["ratio"] = {"estimate": 0.59, "ci_low": 0.5, "ci_high": 0.7}
     head = render_html(r).split('id="forest"')[0]
-    assert 'class="flag">candidate slower: 0.590× the baseline' in head
+    assert 'class="flag">candidate slower: 0.590× [0.500, 0.700] the baseline' in head
+    r["speed"]["ratio"]["ci_high"] = 1.02  # not shown slower: a note, not a flag
+    assert "candidate not shown slower: 0.590×" in render_html(r).split('id="forest"')[1]
+    r["speed"]["slower"] = "the candidate is slower"  # report.json's own flag decides when present
+    assert 'class="flag">candidate slower' in render_html(r)
     assert "candidate slower" not in render_html(report).split('id="forest"')[0]
 
 

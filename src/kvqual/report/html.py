@@ -109,15 +109,20 @@ def ci_text(report: Mapping[str, Any]) -> str:
 
 
 def speed_fact(report: Mapping[str, Any]) -> tuple[str, bool] | None:
-    """('candidate slower: 0.810× the baseline's tokens/s per request', slower) or None. A slower
-    candidate is flagged beside the verdict even though the speed criterion counts only with
-    min_speedup; a faster one is a note."""
-    ratio = S.get(report, "speed", "ratio", "estimate")
+    """('candidate slower: 0.810× [0.725, 0.905] the baseline's …', True) or None. A candidate shown
+    slower (report.json's speed.slower; in older reports, the ratio's whole interval below 1) is
+    flagged beside the verdict though speed counts in it only with min_speedup; otherwise a note."""
+    speed = report.get("speed") or {}
+    ratio = S.get(speed, "ratio", "estimate")
     if not isinstance(ratio, (int, float)):
         return None
-    caveat = "" if S.get(report, "speed", "comparable") is not False else " (indicative only)"
-    word = "slower" if ratio < 1 else "faster"
-    return f"candidate {word}: {S.fmt_quantity(ratio, 'ratio')} the baseline's tokens/s per request{caveat}", ratio < 1
+    high = S.get(speed, "ratio", "ci_high")
+    slower = bool(speed["slower"]) if "slower" in speed else isinstance(high, (int, float)) and high < 1
+    ci = S.fmt_quantity_interval(S.get(speed, "ratio", "ci_low"), high, "ratio")
+    caveat = "" if speed.get("comparable") is not False else " (indicative only)"
+    word = "slower" if slower else ("faster" if ratio >= 1 else "not shown slower")
+    text = f"candidate {word}: {S.fmt_quantity(ratio, 'ratio')}{'' if ci == S.MISSING else ' ' + ci} the baseline's "
+    return text + f"tokens/s per request{caveat}", slower
 
 
 def render_html(report: Mapping[str, Any]) -> str:

@@ -557,9 +557,10 @@ def decision(report: Mapping[str, Any]) -> Decision:
     if verdict == "PASS":
         guards = [c for c in crits if c.get("role") == "guard" and c.get("status") == "inconclusive"]
         tail = f" ({len(guards)} per-suite guard{'s' if len(guards) != 1 else ''} undecided, none outside)" if guards else ""
-        ratio = get(report, "speed", "ratio", "estimate")
+        ratio, high = get(report, "speed", "ratio", "estimate"), get(report, "speed", "ratio", "ci_high")
+        shown = isinstance(ratio, (int, float)) and isinstance(high, (int, float)) and high < 1  # whole CI below 1
         slower = (f", but it ran at {fmt_quantity(ratio, 'ratio')} the baseline's throughput: read the speed "
-                  "section first") if isinstance(ratio, (int, float)) and ratio < 1 else ""
+                  "section first") if shown else ""
         return Decision(verdict, f"All {len(primary)} primary criteria are shown inside their bounds{tail}.",
                         f"{cand} can ship on these criteria{slower}.")
     if verdict == "INCONCLUSIVE":
