@@ -280,7 +280,7 @@ def test_a_slower_candidate_is_flagged_next_to_the_verdict(tmp_path, fake_server
     setup(tmp_path, fake_server, ["--delay", "1.0"], n=24)
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--no-teacher-forcing")
     assert r.returncode in (0, 3), r.stdout + r.stderr
-    note = r.stdout.splitlines()[1]
+    note = r.stdout.splitlines()[2]  # under the verdict and the teacher-forcing line
     assert note.startswith("note: the candidate is slower: 0.") and "speed is not gated" in note, r.stdout
     assert report_of(tmp_path)["speed"]["slower"] == note.removeprefix("note: ")
 

@@ -362,39 +362,43 @@ def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def bound_text(c: dict[str, Any]) -> str:
-    lo, hi = c["bound_low"], c["bound_high"]
-    if lo is not None and hi is not None:
-        return f"[{lo:.4g}, {hi:.4g}]"
-    return f"≥ {lo:.4g}" if lo is not None else f"≤ {hi:.4g}" if hi is not None else "—"
-
-
 def console_summary(report: dict[str, Any]) -> str:
     v = report["verdict"]
     lines = [f"{v['verdict']}: {v['reason']}"]
-    slower = (report.get("speed") or {}).get("slower")
-    if slower:
-        lines.append(f"note: {slower}")
-    from kvqual.report.summary import capacity_line, sequential_line, teacher_line
+    from kvqual.report.summary import capacity_line, criterion_rows, sequential_line, teacher_line
 
     tf = teacher_line(report)
     if tf:
         lines.append(tf)
-    lines += ["", f"{'criterion':<28}{'role':<9}{'estimate':>10}  {'interval':<22}{'bound':<16}status"]
-    for c in v["criteria"]:
-        est = "—" if c["estimate"] is None else f"{c['estimate']:.4g}"
-        ci = "—" if c["ci_low"] is None and c["ci_high"] is None else (
-            ("(−∞" if c["ci_low"] is None else f"[{c['ci_low']:.4g}") + ", "
-            + ("∞)" if c["ci_high"] is None else f"{c['ci_high']:.4g}]"))  # a null end: unbounded (±inf in JSON)
-        lines.append(f"{c['label']:<28}{c['role']:<9}{est:>10}  {ci:<22}{bound_text(c):<16}{c['status'].upper()}")
+    slower = (report.get("speed") or {}).get("slower")
+    if slower:
+        lines.append(f"note: {slower}")
+    # the report's display units (points, nats/token, ×, %; three significant figures); the level once
+    rows = criterion_rows(report)
+    levels = sorted({c["ci_level"] for c in v["criteria"] if c.get("ci_level")})
+    width = max([len(c["label"]) for c in v["criteria"]] + [20]) + 2
+    lines += ["", f"{'criterion':<{width}}{'role':<9}{'estimate':>18}  {'interval':<26}{'bound':<22}status"
+              + (f"   ({' / '.join(f'{x:.0%}' for x in levels)} intervals)" if levels else "")]
+    groups = {"primary": "primary: each must be shown inside its bound for PASS",
+              "guard": "guards: one shown outside fails the candidate; undecided ones do not block PASS",
+              "health": "run health: passes when the observed failure rate is within its bound"}
+    for group, heading in groups.items():
+        members = [(c, row) for c, row in zip(v["criteria"], rows)
+                   if ("health" if c["name"].startswith("failed_rate") else c["role"]) == group]
+        if members:
+            lines.append(f"  {heading}")
+        for c, row in members:
+            ci = row.ci.rsplit(" (", 1)[0]
+            lines.append(f"{c['label']:<{width}}{c['role']:<9}{row.estimate:>18}  {ci:<26}{row.bound:<22}"
+                         f"{c['status'].upper()}")
     ov = report["suites"].get("overall", {})
     gen, tok = (ov.get("generation") or {}).get("ab"), (ov.get("teacher") or {}).get("ab")
     if gen:
-        ratio = "—" if gen["len_ratio"] is None else f"{gen['len_ratio']:.4g}"
+        ratio = "—" if gen["len_ratio"] is None else f"{gen['len_ratio']:.2f}×"
         lines.append(f"\nexact outputs {gen['exact_rate']:.1%}, length ratio {ratio}, n={gen['n']} pairs")
     if tok:
-        lines.append(f"teacher-forced: mean KL {tok['mean_kl']:.4g}, same top-1 {tok['same_top1_rate']:.1%} "
-                     f"over {tok['n_tokens']} tokens")
+        lines.append(f"teacher-forced: mean KL {tok['mean_kl']:.3g} nats/token (token mean), same top-1 "
+                     f"{tok['same_top1_rate']:.1%} over {tok['n_tokens']} tokens")
     seq = sequential_line(report)
     if seq:
         lines.append(seq)
@@ -406,7 +410,7 @@ def console_summary(report: dict[str, Any]) -> str:
         r = s["ratio"]
         ratio = "" if r.get("estimate") is None else (
             f"; per-request tok/s ratio {r['estimate']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
-        lines.append(f"speed: {s['baseline']['output_tok_s']:.4g} → {s['candidate']['output_tok_s']:.4g} output "
+        lines.append(f"speed: {s['baseline']['output_tok_s']:.3g} → {s['candidate']['output_tok_s']:.3g} output "
                      f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}"
                      + (f" — {s['note']}" if s.get("note") else ""))
     for w in report.get("warnings", []):
