@@ -6,8 +6,9 @@ import copy
 
 import pytest
 
+from kvqual.report import decision as D
 from kvqual.report import summary as S
-from kvqual.report.plots import forest_row, forest_rows
+from kvqual.report.forest import forest_row, forest_rows
 
 
 def _crit(**kw):
@@ -27,21 +28,21 @@ def test_three_significant_figures_with_a_real_minus(value, kw, text):
 
 
 def test_criteria_read_in_their_units():
-    assert S.reading(_crit()) == "−1.85 points [−8.27, +4.57]"
+    assert D.reading(_crit()) == "−1.85 points [−8.27, +4.57]"
     assert S.fmt_bound(_crit()) == "≥ −5 points"
     kl = _crit(name="kl_excess", direction="at_most", bound_low=None, bound_high=0.012, estimate=0.005544,
                ci_low=0.004821, ci_high=0.006674)
-    assert (S.reading(kl), S.fmt_bound(kl)) == ("0.00554 nats/token [0.00482, 0.00667]", "≤ 0.012 nats/token")
+    assert (D.reading(kl), S.fmt_bound(kl)) == ("0.00554 nats/token [0.00482, 0.00667]", "≤ 0.012 nats/token")
     top1 = _crit(name="top1_loss", direction="at_most", bound_low=None, bound_high=0.042, estimate=0.0255,
                  ci_low=0.0183, ci_high=0.0344)
-    assert (S.reading(top1), S.fmt_bound(top1)) == ("+2.55 points [+1.83, +3.44]", "≤ 4.2 points")
+    assert (D.reading(top1), S.fmt_bound(top1)) == ("+2.55 points [+1.83, +3.44]", "≤ 4.2 points")
     failed = _crit(name="failed_rate_candidate", direction="at_most", bound_low=None, bound_high=0.01, estimate=0.0,
                    ci_low=0.0, ci_high=0.0313)
-    assert (S.reading(failed), S.fmt_bound(failed)) == ("0% [0%, 3.13%]", "≤ 1%")
+    assert (D.reading(failed), S.fmt_bound(failed)) == ("0% [0%, 3.13%]", "≤ 1%")
     length = _crit(name="length_ratio", direction="within", bound_low=0.9, bound_high=1.1, estimate=1.0026,
                    ci_low=0.9563, ci_high=1.0512)
-    assert (S.reading(length), S.fmt_bound(length)) == ("1.00× [0.956, 1.05]", "within [0.9, 1.1]")
-    assert S.reading(_crit(ci_low=None)) == "−1.85 points (−∞, +4.57]"
+    assert (D.reading(length), S.fmt_bound(length)) == ("1.00× [0.956, 1.05]", "within [0.9, 1.1]")
+    assert D.reading(_crit(ci_low=None)) == "−1.85 points (−∞, +4.57]"
 
 
 def test_a_row_holds_its_interval_its_bound_and_no_change_on_one_scale():
@@ -90,30 +91,30 @@ def _verdict(report, verdict: str, **changes):
 
 
 def test_why_and_what_next_for_each_verdict(report):
-    fail = S.decision(report)
+    fail = D.decision(report)
     assert fail.why == ("KL beyond the A/A floor is outside its bound: 0.0410 nats/token [0.0340, 0.0490], "
                         "bound ≤ 0.03 nats/token.")
     assert fail.next_step.startswith("Do not ship fp8: its token distributions moved")
 
-    undecided = S.decision(_verdict(report, "INCONCLUSIVE", kl_excess={"status": "pass"}))
+    undecided = D.decision(_verdict(report, "INCONCLUSIVE", kl_excess={"status": "pass"}))
     assert undecided.why == ("Accuracy on arith is not decided: −5.00 points [−16.0, +6.00] straddles its bound "
                              "≥ −5 points.")
     assert undecided.next_step == ("Run about 140 more items to decide accuracy on arith; nothing was shown "
                                    "outside its bound.")
 
-    passed = S.decision(_verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"}))
+    passed = D.decision(_verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"}))
     assert passed.why == "All 6 primary criteria are shown inside their bounds."
     assert passed.next_step == "fp8 can ship on these criteria."
     slow = _verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"})
     slow["speed"]["ratio"].update(estimate=0.59, ci_low=0.5, ci_high=0.7)
-    assert "but it ran at 0.590× the baseline's throughput" in S.decision(slow).next_step
+    assert "but it ran at 0.590× the baseline's throughput" in D.decision(slow).next_step
 
 
 def test_undecided_without_data_says_what_to_fix_not_how_many_items(report):
     r = _verdict(report, "INCONCLUSIVE", kl_excess={"status": "inconclusive", "estimate": None, "ci_low": None,
                                                     "ci_high": None, "n_more": None,
                                                     "detail": "token metrics usable on 0 of 31 pairs; more"})
-    d = S.decision(r)
+    d = D.decision(r)
     assert d.why.startswith("KL beyond the A/A floor has no estimate: token metrics usable on 0 of 31 pairs; "
                             "also undecided: accuracy on arith")
     assert d.next_step.startswith("Fix what left KL beyond the A/A floor undecided (more items will not)")

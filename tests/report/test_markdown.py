@@ -11,6 +11,7 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 
+from kvqual.report import decision as D
 from kvqual.report import summary as S
 from kvqual.report.markdown import GITHUB_COMMENT_LIMIT, cell, code_block, render_markdown
 
@@ -70,7 +71,7 @@ def _criteria_lines(text: str) -> list[str]:
 
 def test_verdict_why_and_what_next_come_first(report):
     lines = render_markdown(report).splitlines()
-    decision = S.decision(report)  # the two sentences report.html leads with too
+    decision = D.decision(report)  # the two sentences report.html leads with too
     assert lines[0] == "## kvqual: **FAIL** — fp8 vs bf16 (exit code 1)"
     assert lines[2] == f"- **Why:** {cell(decision.why)}"
     assert lines[3] == f"- **Next:** {cell(decision.next_step)}"

@@ -16,9 +16,11 @@ from typing import Any
 
 import jinja2
 
+from kvqual.report import decision as D
 from kvqual.report import summary as S
 from kvqual.report.markdown import render_markdown
-from kvqual.report.plots import all_plots, forest_rows, to_data_uri, trajectory_figure
+from kvqual.report.forest import forest_rows
+from kvqual.report.plots import all_plots, to_data_uri, trajectory_figure
 
 MAX_EXAMPLES = 12
 MARK_MAX_CHARS = 40
@@ -127,13 +129,13 @@ def speed_fact(report: Mapping[str, Any]) -> tuple[str, bool] | None:
 
 def render_html(report: Mapping[str, Any]) -> str:
     """The full report.html text for a report dict."""
-    verdict, _, _ = S.verdict_line(report)
+    verdict, _ = S.verdict_line(report)
     tf = report.get("teacher_forcing") or {}
     speed, slower = speed_fact(report) or (None, False)
     stop = S.get(report, "verdict", "sequential", "stop")
     reason = S.get(report, "verdict", "reason")
     return _ENV.get_template("report.html.j2").render(
-        title=S.title(report), verdict=verdict, decision=S.decision(report),
+        title=S.title(report), verdict=verdict, decision=D.decision(report),
         exit_code=S.exit_code(report), facts=[str(stop)] if stop else [],
         speed_flag=speed if slower else None,
         forest=forest_rows(report), ci_text=ci_text(report), status_word=STATUS_WORD,

@@ -24,7 +24,7 @@ def _message(row: S.CriterionRow) -> str:
 def build_junit(report: Mapping[str, Any]) -> ET.Element:
     """The <testsuites> tree for a report (one <testsuite> named 'kvqual')."""
     rows = S.criterion_rows(report)
-    verdict, _, reason = S.verdict_line(report)
+    verdict, reason = S.verdict_line(report)
     failures = sum(r.status == "fail" for r in rows)
     skipped = sum(r.status in ("inconclusive", "not_evaluated") for r in rows)
     counts = {"tests": str(len(rows)), "failures": str(failures), "errors": "0",

@@ -1,7 +1,7 @@
 """report.md: the verdict and its evidence as GitHub Markdown, ready to paste as a PR comment.
 
 The first screen answers a reviewer in at most ~60 lines for a realistic report: the verdict,
-one sentence of why and one of what to do next (summary.decision, the two report.html leads
+one sentence of why and one of what to do next (decision.decision, the two report.html leads
 with), the criteria table, what was compared and the speed. Everything long (per-criterion
 notes, sequential looks, the full run, suite and speed tables, per-suite metrics, the command)
 sits in `<details>` blocks, which GitHub folds; a blank line after each `<summary>` lets it
@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kvqual.report import decision as D
 from kvqual.report import summary as S
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -93,8 +94,8 @@ def _ratio_ci(ratio: Mapping[str, Any]) -> str:
 
 
 def _head(report: Mapping[str, Any]) -> list[str]:
-    verdict, _, _ = S.verdict_line(report)
-    decision = S.decision(report)  # the same two sentences report.html leads with
+    verdict, _ = S.verdict_line(report)
+    decision = D.decision(report)  # the same two sentences report.html leads with
     lines = [f"## kvqual: **{verdict}** — {inline(S.title(report))} (exit code {S.exit_code(report)})", "",
              f"- **Why:** {inline(decision.why)}",
              f"- **Next:** {inline(decision.next_step)}"]
@@ -136,7 +137,7 @@ def _criteria_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
                 "(primary or guard) is shown outside; INCONCLUSIVE means an interval straddles a bound. "
                 + UNITS_NOTE, ""]
     full, note = _capped(rows, cap, "criteria")
-    body = [f"Gate: {inline(S.verdict_line(report)[2])}", ""]
+    body = [f"Gate: {inline(S.verdict_line(report)[1])}", ""]
     if len(shown) < len(rows):
         body += table(_CRITERIA_HEADER, _criteria_rows(full)) + note + [""]
     body += table(["Criterion", "Status", "Detail"], ([_what(r), _status(r), r.detail] for r in full)) + note

@@ -19,8 +19,6 @@ SCHEMA_VERSION = 1
 MISSING = "—"
 NOT_MEASURED = "not measured"
 
-STATUS_ICON = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️", "not_evaluated": "➖"}
-VERDICT_ICON = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️"}
 
 CRITERION_LABEL = {
     "accuracy": "accuracy difference (cand − base)",
@@ -49,7 +47,6 @@ class CriterionRow:
     ci: str
     bound: str
     status: str
-    icon: str
     detail: str
     n: str
     n_more: str
@@ -265,7 +262,6 @@ def criterion_rows(report: Mapping[str, Any]) -> list[CriterionRow]:
                 ci=ci,
                 bound=fmt_bound(c),
                 status=status,
-                icon=STATUS_ICON.get(status, "?"),
                 detail=str(c.get("detail") or ""),
                 n=fmt_num(c.get("n")),
                 n_more=fmt_num(c.get("n_more")),
@@ -465,126 +461,11 @@ def title(report: Mapping[str, Any]) -> str:
     return f"{cand} vs {base}"
 
 
-def verdict_line(report: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(verdict, icon, reason) with safe defaults when the verdict is missing."""
+def verdict_line(report: Mapping[str, Any]) -> tuple[str, str]:
+    """(verdict, reason) with safe defaults when the verdict is missing."""
     verdict = str(get(report, "verdict", "verdict") or "UNKNOWN")
     reason = str(get(report, "verdict", "reason") or "no reason given")
-    return verdict, VERDICT_ICON.get(verdict, "❔"), reason
-
-
-_SHORT_LABEL = {
-    "accuracy": "accuracy", "accuracy_pooled": "accuracy over all suites", "kl_excess": "KL beyond the A/A floor",
-    "top1_loss": "same-top-1 loss", "length_ratio": "the output length ratio", "truncation_excess": "the truncation rate",
-    "loop_excess": "the repetition-loop rate", "failed_rate_baseline": "the baseline's failed-request rate",
-    "failed_rate_candidate": "the candidate's failed-request rate", "speedup": "the throughput ratio",
-}
-_FAIL_HINT = {
-    "kl_excess": "its token distributions moved, so check the candidate's KV-cache scales (1.0 everywhere means "
-                 "none were loaded) and its attention kernel",
-    "accuracy": "its answers got worse, so read the flipped answers among the samples below",
-    "length_ratio": "its outputs changed length, so look for runaway or cut-off outputs among the samples below",
-    "truncation_excess": "more of its outputs ran to max_tokens, so look for runaway outputs among the samples below",
-    "loop_excess": "more of its outputs loop, so look for repetition among the samples below",
-    "failed_rate": "requests failed, so read that server's log and run again",
-    "speedup": "it is not as much faster as min_speedup asks",
-}
-
-
-def short_label(c: Mapping[str, Any]) -> str:
-    """A criterion named for a sentence: 'accuracy on arith', 'KL beyond the A/A floor'."""
-    name = str(c.get("name") or "?")
-    text = _SHORT_LABEL.get(name, CRITERION_LABEL.get(name, name))
-    return f"{text} on {c['suite']}" if c.get("suite") and name == "accuracy" else text
-
-
-def reading(c: Mapping[str, Any]) -> str:
-    """'−2.78 points [−8.27, +4.57]': a criterion's estimate and interval in its units."""
-    q = quantity(str(c.get("name") or ""))
-    ci = fmt_quantity_interval(c.get("ci_low"), c.get("ci_high"), q)
-    return fmt_quantity(c.get("estimate"), q) + ("" if ci == MISSING else f" {ci}")
-
-
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The verdict in two sentences: why the gate decided so, and what to do next."""
-
-    verdict: str
-    why: str
-    next_step: str
-
-
-def _hint(name: str) -> str:
-    for key in ("kl_excess", "top1_loss", "accuracy", "length_ratio", "truncation_excess", "loop_excess",
-                "failed_rate", "speedup"):
-        if name.startswith(key):
-            return _FAIL_HINT["kl_excess" if key == "top1_loss" else key]
-    return "read the criteria and samples below"
-
-
-def _more_items(report: Mapping[str, Any], c: Mapping[str, Any], others: int) -> str:
-    """'Run about 342 more items …': the largest open criterion's estimate, and where to get them."""
-    seq = get(report, "verdict", "sequential") or {}
-    judged = (seq.get("sizes") or [None])[len(seq.get("looks") or [1]) - 1] if seq.get("looks") else None
-    available = sum(int(s.get("n_items") or 0) for s in get(report, "runs", "baseline", "suites") or [])
-    where = ""
-    if isinstance(judged, int) and available:
-        where = (f" (raise --max-items: {judged:,} of {available:,} were judged)" if judged < available
-                 else f" (add items to the suites: all {available:,} were judged)")
-    of = f", the largest of {others + 1} estimates," if others else ""
-    return (f"Run about {int(c['n_more']):,} more {c.get('unit') or 'items'}{of} to decide "
-            f"{short_label(c)}{where}; nothing was shown outside its bound.")
-
-
-def decision(report: Mapping[str, Any]) -> Decision:
-    """Why and what next, from the criteria in report.json (never from the free-text reason)."""
-    verdict = str(get(report, "verdict", "verdict") or "UNKNOWN")
-    crits = [c for c in get(report, "verdict", "criteria") or [] if isinstance(c, Mapping)]
-    cand = str(get(report, "runs", "candidate", "target") or "the candidate")
-    failed = sorted((c for c in crits if c.get("status") == "fail"),
-                    key=lambda c: (c.get("p_fail_holm") is None, c.get("p_fail_holm") or 0.0))
-    primary = [c for c in crits if c.get("role", "primary") == "primary" and c.get("status") != "not_evaluated"]
-    open_ = [c for c in primary if c.get("status") != "pass"]
-    if verdict == "FAIL" and failed:
-        first = failed[0]
-        more = "; also outside: " + ", ".join(short_label(c) for c in failed[1:]) if failed[1:] else ""
-        return Decision(verdict, _sentence(f"{short_label(first)} is outside its bound: {reading(first)}, "
-                                           f"bound {fmt_bound(first)}{more}."),
-                        f"Do not ship {cand}: {_hint(str(first.get('name')))}.")
-    if verdict == "PASS":
-        guards = [c for c in crits if c.get("role") == "guard" and c.get("status") == "inconclusive"]
-        tail = f" ({len(guards)} per-suite guard{'s' if len(guards) != 1 else ''} undecided, none outside)" if guards else ""
-        ratio, high = get(report, "speed", "ratio", "estimate"), get(report, "speed", "ratio", "ci_high")
-        shown = isinstance(ratio, (int, float)) and isinstance(high, (int, float)) and high < 1  # whole CI below 1
-        slower = (f", but it ran at {fmt_quantity(ratio, 'ratio')} the baseline's throughput: read the speed "
-                  "section first") if shown else ""
-        return Decision(verdict, f"All {len(primary)} primary criteria are shown inside their bounds{tail}.",
-                        f"{cand} can ship on these criteria{slower}.")
-    if verdict == "INCONCLUSIVE":
-        if not open_:
-            return Decision(verdict, "No quality criterion could be evaluated: only request failures were judged.",
-                            "Give the gate something to judge: suites with answers, or teacher forcing for the "
-                            "token criteria, then run again.")
-        stuck = [c for c in open_ if c.get("n_more") is None]
-        ranked = sorted(open_, key=lambda c: -(c.get("n_more") or 0))
-        first = stuck[0] if stuck else ranked[0]
-        others = len(open_) - 1
-        tail = "; also undecided: " + ", ".join(short_label(c) for c in open_ if c is not first) if others else ""
-        if first.get("estimate") is None:
-            why = _sentence(f"{short_label(first)} has no estimate: "
-                            f"{str(first.get('detail') or 'no data').split(';')[0]}{tail}.")
-        else:
-            why = _sentence(f"{short_label(first)} is not decided: {reading(first)} straddles its bound "
-                            f"{fmt_bound(first)}{tail}.")
-        if stuck:
-            return Decision(verdict, why, f"Fix what left {short_label(first)} undecided (more items will not), "
-                                          "then run again; nothing was shown outside its bound.")
-        return Decision(verdict, why, _more_items(report, first, others))
-    return Decision(verdict, str(get(report, "verdict", "reason") or "no reason given"),
-                    "Run the compare again: this report holds no verdict.")
+    return verdict, reason
 
 
 def exit_code(report: Mapping[str, Any]) -> str:
