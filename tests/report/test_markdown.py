@@ -170,7 +170,7 @@ def test_a_slower_candidate_is_flagged_in_the_head(report):
     assert "- Speed: the candidate's throughput is 0.59× the baseline's (CI [0.55, 0.63])" in head
     r["speed"]["slower"] = "the candidate is slower: 0.59× the baseline's per-request output tok/s [0.55, 0.63]"
     head = render_markdown(r).split("### Criteria")[0]
-    assert "- **Slower:** the candidate is slower: 0.59× the baseline's per-request output tok/s [0.55, 0.63]" in head
+    assert "- **Note:** The candidate is slower: 0.59× the baseline's per-request output tok/s [0.55, 0.63]" in head
 
 
 def test_next_step_for_each_verdict(report):

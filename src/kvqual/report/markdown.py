@@ -80,7 +80,7 @@ def _speed_bullet(report: Mapping[str, Any]) -> str | None:
     interval is below 1) in bold when the candidate is shown slower."""
     slower = S.get(report, "speed", "slower")
     if slower:
-        return f"**Slower:** {inline(slower)}"
+        return f"**Note:** {inline(slower[:1].upper() + slower[1:])}"
     ratio = S.get(report, "speed", "ratio") or {}
     est = ratio.get("estimate")
     if not isinstance(est, (int, float)) or isinstance(est, bool):
