@@ -237,3 +237,24 @@ def test_null_scaled_upper_inverts_the_statistic() -> None:
         assert st.null_scaled_z(c, f, high, hall=hall) == pytest.approx(-stats.t.isf(0.05, 79), abs=1e-6)
     # too few, too spread values: no bound is ever shown, the upper bound is infinite
     assert st.null_scaled_upper(np.r_[0.0, 0.0, 1.0], np.zeros(3), 0.01, 2, hall=False) == math.inf
+
+
+def test_generation_metrics_report_length_quantiles_and_distinct2():
+    from kvqual.compare.metrics import generation_metrics
+    from kvqual.records import Sample
+
+    def s(i, text, n):
+        return Sample(suite="s", id=f"i{i}", repeat=0, text=text, completion_tokens=n, finish_reason="stop",
+                      error=None)
+
+    base = [s(i, "alpha beta gamma delta", 10 + i) for i in range(10)]
+    cand = [s(i, "alpha beta alpha beta" if i < 5 else "alpha beta gamma delta", 10 + i + (90 if i == 9 else 0))
+            for i in range(10)]
+    g = generation_metrics(list(zip(base, cand)))
+    assert (g["len_base_p50"], g["len_cand_p50"]) == (14.5, 14.5)
+    assert g["len_base_p99"] == 18.91 and g["len_cand_p99"] == 18 + 0.91 * (109 - 18)  # numpy's linear rule
+    # distinct-2: base 3/3 everywhere; cand 2/3 on five outputs ("alpha beta" twice), 1 on the rest
+    assert g["distinct2_base"] == 1.0 and g["distinct2_cand"] == round((5 * 2 / 3 + 5) / 10, 6)
+    assert g["distinct2_diff"] == round(-1 / 6, 6) and g["distinct2_n"] == 10
+    lo, hi = g["distinct2_diff_ci"]
+    assert lo < g["distinct2_diff"] < hi < 0

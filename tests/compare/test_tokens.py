@@ -173,3 +173,12 @@ def test_completion_slice_drops_the_token_generated_after_an_echo():
     assert why is None and part.tokens == (" ok", " there") and part.text_offset == (8, 11)
     whole, why = completion_slice(echo, len(prompt), generated)  # without `end` the extra token leaks in
     assert whole is None and why == "re-tokenized completion differs from the generated tokens"
+
+
+def test_distinct_n_counts_repeated_word_ngrams():
+    from kvqual.compare.tokens import distinct_n
+
+    assert distinct_n("the cat sat on the mat") == 1.0  # 5 bigrams, all different
+    assert distinct_n("a b a b a b") == 2 / 5  # (a b), (b a) over 5 bigrams
+    assert distinct_n("one") is None and distinct_n("") is None
+    assert distinct_n("x y z x y z", n=3) == 3 / 4

@@ -166,3 +166,16 @@ def test_by_a_field_no_record_has_is_one_line_exit_2(tmp_path: Path, capsys) -> 
     src.write_text(src.read_text() + json.dumps({"id": "t", "prompt": "q", "topic": "x"}) + "\n")
     items = sample_prompts(src, n=11, by="topic", seed=0)
     assert Counter(it.category for it in items) == {"(none)": 10, "x": 1}
+
+
+def test_max_tokens_sets_every_prompts_output_budget(tmp_path: Path, capsys) -> None:
+    # the long-generation workload on the user's own prompts: `kvqual sample ... --max-tokens 4000`
+    from kvqual.suites.jsonl import load_jsonl_suite
+
+    src = Path(__file__).parents[2] / "suites" / "training_prompts.jsonl"
+    out = tmp_path / "long.jsonl"
+    assert sample.run(_args(str(src), "--n", "11", "--by", "category", "--max-tokens", "4000", "-o", str(out))) == 0
+    assert {it.max_tokens for it in load_jsonl_suite(out)} == {4000}
+    with pytest.raises(UsageError, match="--max-tokens must be at least 1"):
+        sample.run(_args(str(src), "--n", "5", "--max-tokens", "0", "-o", str(tmp_path / "x.jsonl")))
+    assert not (tmp_path / "x.jsonl").exists()

@@ -96,6 +96,24 @@ def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
     return tk.text_repetition_loop(s.text or "") is not None
 
 
+LENGTH_QUANTILES = (50, 90, 99)
+
+
+def _diversity(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any]:
+    """Mean distinct-2 (distinct word bigrams / all bigrams per output) of each arm over the pairs
+    where both outputs have two words or more, and the paired difference cand − base with a t CI."""
+    both = [(x, y) for x, y in ((tk.distinct_n(a.text or ""), tk.distinct_n(b.text or "")) for a, b in pairs)
+            if x is not None and y is not None]
+    out: dict[str, Any] = {"distinct2_base": None, "distinct2_cand": None, "distinct2_diff": None,
+                           "distinct2_diff_ci": [None, None], "distinct2_n": len(both)}
+    if len(both) >= 2:
+        x, y = np.array(both).T
+        d = st.paired_mean_diff(x, y)
+        out.update(distinct2_base=_r(float(x.mean())), distinct2_cand=_r(float(y.mean())),
+                   distinct2_diff=_r(d.estimate), distinct2_diff_ci=[_r(d.low), _r(d.high)])
+    return out
+
+
 def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key, bool] | None = None,
                        loops_b: Mapping[Key, bool] | None = None,
                        div: list[int | None] | None = None) -> dict[str, Any] | None:
@@ -118,6 +136,10 @@ def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key,
         "trunc_cand": _r(np.mean([b.finish_reason == "length" for _, b in pairs])),
         "loops_base": _r(np.mean([_looping(a, loops_a) for a, _ in pairs])),
         "loops_cand": _r(np.mean([_looping(b, loops_b) for _, b in pairs])),
+        # the length distribution's upper part (where runaway outputs show), and diversity
+        **{f"len_{arm}_p{q}": _r(float(np.percentile(v, q))) for q in LENGTH_QUANTILES for arm, v in
+           (("base", lb), ("cand", lc))},
+        **_diversity(pairs),
     }
     if lb.sum() > 0 and len(pairs) >= 2:
         ratio, _ = st.ratio_of_means_ci(lb, lc)

@@ -33,7 +33,7 @@ import numpy as np
 __all__ = [
     "PROB_FLOOR", "DEFAULT_BUCKETS", "PositionMetrics", "TokenSummary", "BucketSummary",
     "topk_kl", "same_top1", "position_metrics", "summarize_positions", "bucket_by_position",
-    "first_divergence", "exact_match", "RepetitionLoop", "repetition_loop", "text_repetition_loop",
+    "first_divergence", "exact_match", "RepetitionLoop", "repetition_loop", "text_repetition_loop", "distinct_n",
 ]
 
 PROB_FLOOR = 1e-10  # smallest probability used for an unknown candidate mass (KL ≤ ~23·p)
@@ -237,3 +237,14 @@ def text_repetition_loop(text: str) -> RepetitionLoop | None:
     if text.find(text[n - TAIL:], max(0, n - TAIL - 256), n - 1) == -1:
         return None
     return repetition_loop(text, max_period=256, min_repeats=4, min_span=128)
+
+
+def distinct_n(text: str, n: int = 2) -> float | None:
+    """Diversity of one output: distinct word n-grams / all word n-grams (1.0: no n-gram repeats;
+    a looping or formulaic output falls towards 0). Words are whitespace-separated; None when the
+    output has fewer than n words (too short to say)."""
+    words = text.split()
+    if len(words) < n:
+        return None
+    grams = list(zip(*(words[i:] for i in range(n))))
+    return len(set(grams)) / len(grams)

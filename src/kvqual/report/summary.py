@@ -375,6 +375,8 @@ _METRICS = (
     ("generation", "first_div_median", "median first-divergence token", fmt_num),
     ("generation", "len_ratio", "output length ratio (mean cand / mean base)", _ratio),
     ("generation", "wilcoxon_p", "length Wilcoxon p", fmt_num),
+    ("generation", "len_quantiles", "output length p50 / p90 / p99 (base → cand)", None),
+    ("generation", "distinct2_diff", "distinct-2 diversity (cand − base)", None),
     ("generation", "loops_cand", "repetition loops (cand)", fmt_pct),
     ("generation", "trunc_cand", "truncated at max_tokens (cand)", fmt_pct),
     ("teacher", "mean_kl", "mean KL(base‖cand), token mean", _nats),
@@ -391,6 +393,11 @@ def metric_rows(report: Mapping[str, Any]) -> list[MetricRow]:
     for name in order:
         block = suites[name] or {}
         for kind, key, label, fmt in _METRICS:
+            if fmt is None:  # composite rows
+                ab, aa = (_COMPOSITE[key](get(block, kind, side)) for side in ("ab", "aa"))
+                if ab is not None or aa is not None:
+                    rows.append(MetricRow(str(name), label, ab or MISSING, aa or MISSING))
+                continue
             ab, aa = get(block, kind, "ab", key), get(block, kind, "aa", key)
             if ab is None and aa is None:
                 continue
@@ -404,6 +411,31 @@ def metric_rows(report: Mapping[str, Any]) -> list[MetricRow]:
                 text_aa += _mean_lengths(get(block, kind, "aa"))
             rows.append(MetricRow(str(name), label, text_ab, text_aa))
     return rows
+
+
+def _length_quantiles(block: Any) -> str | None:
+    """'12 → 13 / 60 → 61 / 240 → 256 tokens': p50 / p90 / p99 of both arms' output lengths."""
+    parts = []
+    for q in (50, 90, 99):
+        b, c = get(block, f"len_base_p{q}"), get(block, f"len_cand_p{q}")
+        if b is None or c is None:
+            return None
+        parts.append(f"{fmt_num(float(b))} → {fmt_num(float(c))}")
+    return " / ".join(parts) + " tokens"
+
+
+def _distinct2(block: Any) -> str | None:
+    """'−0.0120 [−0.0300, +0.00500] (0.812 → 0.800)': the paired difference of distinct-2."""
+    d = get(block, "distinct2_diff")
+    if d is None:
+        return None
+    lo, hi = (get(block, "distinct2_diff_ci") or [None, None])[:2]
+    ci = "" if lo is None or hi is None else f" [{sig3(lo, signed=True)}, {sig3(hi, signed=True)}]"
+    return (f"{sig3(d, signed=True)}{ci} ({fmt_num(float(get(block, 'distinct2_base')))} → "
+            f"{fmt_num(float(get(block, 'distinct2_cand')))}, {get(block, 'distinct2_n')} pairs)")
+
+
+_COMPOSITE = {"len_quantiles": _length_quantiles, "distinct2_diff": _distinct2}
 
 
 def _mean_lengths(block: Any) -> str:

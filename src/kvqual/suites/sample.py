@@ -199,6 +199,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip malformed records (each reported on stderr) instead of stopping")
+    parser.add_argument("--max-tokens", type=int, metavar="N",
+                        help="give every prompt max_tokens N (long-generation drift: thousands on a GPU "
+                             "server); default: the record's own, else the run's")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,8 +215,14 @@ def run(args: argparse.Namespace) -> int:
         bad.append(number)
         print(f"{args.dataset}:{number}: skipped: {problem}", file=sys.stderr)
 
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
     items = sample_prompts(args.dataset, n=args.n, by=args.by, seed=args.seed,
                            on_bad=report if args.skip_bad else None)
+    if args.max_tokens is not None:
+        from dataclasses import replace
+
+        items = [replace(item, max_tokens=args.max_tokens) for item in items]
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for item in items:
