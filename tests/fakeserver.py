@@ -23,6 +23,13 @@ Answers are deterministic functions of the prompt, so tests can predict them:
   a TTFT histogram) so server-side figures can be tested.
 - `--echo-auth` repeats the request's Authorization header in every error body (a server that
   leaks the API key into its error messages).
+- `--max-running N` is a server of fixed capacity: at most N requests generate at once, the rest
+  queue (`vllm:num_requests_waiting`; KV usage is running / N); `--kv-capacity-tokens T` reports
+  `max_total_num_tokens` T in /get_server_info (SGLang's and kvqual serve's KV capacity);
+  `--burst-s S` admits every request during the first S seconds after the first /v1 one (an empty KV
+  cache admits all before outputs grow: the warm-up burst a load test must discard);
+  `--token-jitter F` draws each streamed token's delay from token-delay × [1 − F, 1 + F]
+  (seeded by the prompt, so runs repeat), giving throughput a real variance.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import asyncio
 import hashlib
 import json
 import math
+import random
 import re
+import time
 from collections import Counter
 
 from aiohttp import web
@@ -81,8 +90,10 @@ class Fake:
         else:
             lp = choice.get("logprobs")
             tokens = lp["tokens"] if lp else tokenize(choice["text"])
+        jitter = random.Random(f"{body.get('seed')}:{choice.get('text') or ''}:{self.counts.total()}")
         for i, tok in enumerate(tokens):
-            await asyncio.sleep(self.args.token_delay)
+            f = self.args.token_jitter
+            await asyncio.sleep(self.args.token_delay * (jitter.uniform(1 - f, 1 + f) if f else 1.0))
             last = i == len(tokens) - 1
             if chat:
                 part = {"index": 0, "delta": {"content": tok}, "finish_reason": choice["finish_reason"] if last else None,
@@ -109,7 +120,8 @@ class Fake:
                  f"vllm:generation_tokens_total{labels} {self.generation_tokens}",
                  f"vllm:num_requests_running{labels} {self.running}",
                  f"vllm:num_requests_waiting{labels} {self.waiting}",
-                 f"vllm:kv_cache_usage_perc{labels} {min(1.0, 0.01 * self.running)}",
+                 f"vllm:kv_cache_usage_perc{labels} "
+                 f"{self.running / self.args.max_running if self.args.max_running else min(1.0, 0.01 * self.running)}",
                  f"vllm:time_to_first_token_seconds_sum{labels} {self.ttft_sum}",
                  f"vllm:time_to_first_token_seconds_count{labels} {self.ttft_count}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
@@ -230,9 +242,12 @@ class Fake:
                                                                "owned_by": "fake", "created": 0}]})
 
     async def server_info(self, request: web.Request) -> web.Response:
-        if not self.args.kv_cache_dtype:
+        if not self.args.kv_cache_dtype and not self.args.kv_capacity_tokens:
             return web.Response(status=404)
-        return web.json_response({"model_path": self.args.model, "kv_cache_dtype": self.args.kv_cache_dtype})
+        info = {"model_path": self.args.model, "kv_cache_dtype": self.args.kv_cache_dtype}
+        if self.args.kv_capacity_tokens:
+            info["max_total_num_tokens"] = self.args.kv_capacity_tokens
+        return web.json_response(info)
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(dict(self.counts))
@@ -258,6 +273,8 @@ def make_app(args: argparse.Namespace) -> web.Application:
     fake = Fake(args)
 
     one_at_a_time = asyncio.Lock()
+    capacity = asyncio.Semaphore(args.max_running) if args.max_running else None
+    started: dict[str, float] = {}
 
     @web.middleware
     async def running(request: web.Request, handler):
@@ -272,6 +289,22 @@ def make_app(args: argparse.Namespace) -> web.Application:
                     return await handler(request)
                 finally:
                     fake.running -= 1
+        if capacity is not None and request.path.startswith("/v1/"):  # fixed capacity: the rest queue
+            now = time.monotonic()
+            held = now - started.setdefault("first", now) >= args.burst_s  # in the burst: admitted beside it
+            if held:
+                fake.waiting += 1
+                try:
+                    await capacity.acquire()
+                finally:
+                    fake.waiting -= 1
+            fake.running += 1
+            try:
+                return await handler(request)
+            finally:
+                fake.running -= 1
+                if held:
+                    capacity.release()
         fake.running += 1
         try:
             return await handler(request)
@@ -313,6 +346,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-error", action="store_true")
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--echo-auth", action="store_true")
+    p.add_argument("--max-running", type=int, default=0)
+    p.add_argument("--kv-capacity-tokens", type=int, default=0)
+    p.add_argument("--burst-s", type=float, default=0.0)
+    p.add_argument("--token-jitter", type=float, default=0.0)
     return p.parse_args(argv)
 
 

@@ -25,6 +25,7 @@ examples:
   kvqual compare base cand --config kvqual.toml --suite suites/example.jsonl
   kvqual run bf16 --suite suites/example.jsonl  one target, one suite; re-run to resume
   kvqual report results/A results/B --aa results/A2
+  kvqual load bf16 fp8 --duration 240           steady-state throughput under load, fp8 over bf16
   kvqual serve --kv-cache-dtype fp8_e4m3 --port 30000
   kvqual suites                                 list the built-in suites
   kvqual sample prompts.jsonl.gz --n 500 --by category -o suites/train.jsonl
@@ -58,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     from kvqual import commands
 
     commands.add_compare_parsers(sub, add_run_options)
+
+    from kvqual.load import cli as load_cli
+
+    p = sub.add_parser("load", help="speed at saturation: steady-state tok/s of one or two targets under load",
+                       description=load_cli.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    load_cli.add_arguments(p)
 
     p = sub.add_parser("serve", help="the embedded reference server (a real model, bf16 or fp8 KV cache)")
     from kvqual.serve import cli as serve_cli
