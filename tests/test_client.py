@@ -285,6 +285,22 @@ def test_decode_json_refuses_what_json_does_not_have():
             client.decode_json(body, "http://h/v1")
 
 
+def test_decode_json_accepts_and_refuses_what_the_standard_decoder_with_its_hooks_does():
+    """orjson decodes first; what it refuses gets the standard decoder's verdict and message."""
+    import json
+
+    for body, message in ((b'{"a": NaN}', "NaN is not a JSON number"), (b'[-Infinity]', "-Infinity is not a JSON number"),
+                          (b'{"a": -1e999}', "-1e999 overflows to infinity"), (b'[1.5e400]', "1.5e400 overflows")):
+        with pytest.raises(InvalidResponse, match=f"^http://h/v1: malformed response: {message}"):
+            client.decode_json(body, "http://h/v1")
+    big = b"[" + b"1" * 400 + b"]"  # an integer no double holds: JSON, so decoded, then refused as a logprob
+    assert client.decode_json(big) == json.loads(big)
+    assert client.decode_json('{"a": "\\ud800"}'.encode()) == {"a": "\ud800"}  # a lone surrogate escape
+    assert client.decode_json('{"a": -0.5}'.encode("utf-16")) == {"a": -0.5}  # JSON in UTF-16
+    assert client.decode_json(b'{"a": 1e308, "b": 5e-324, "c": 18446744073709551616}') == {
+        "a": 1e308, "b": 5e-324, "c": 18446744073709551616}
+
+
 @pytest.mark.parametrize("returned, ok", [("m", True), (None, True), ("", True), ("other", False),
                                           ("m-2024-08-06", True), ("m-0613", True), ("m-large", False),
                                           ("mm", False), (7, False)])
