@@ -268,3 +268,8 @@ def test_load_help_imports_neither_torch_nor_openai():
             "print('IMPORTED', sorted(m for m in ('torch', 'transformers', 'openai') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "--concurrency" in out and "IMPORTED []" in out
+
+
+def test_an_arm_without_throughput_gives_a_ratio_without_bounds_and_valid_json():
+    e = stats.fieller_ratio_ci([0.0, 0.0, 0.0], [5.0, 6.0, 7.0])
+    assert e.low is None and json.dumps(e.to_json(), allow_nan=False)

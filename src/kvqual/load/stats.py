@@ -45,7 +45,7 @@ class Estimate:
     n: int
 
     def to_json(self, digits: int = 4) -> dict[str, float | int | None]:
-        r = lambda x: None if x is None else round(x, digits)  # noqa: E731
+        r = lambda x: None if x is None or not math.isfinite(x) else round(x, digits)  # noqa: E731
         return {"estimate": r(self.estimate), "low": r(self.low), "high": r(self.high), "level": self.level,
                 "df": r(self.df), "n": self.n}
 
