@@ -273,3 +273,20 @@ def test_load_help_imports_neither_torch_nor_openai():
 def test_an_arm_without_throughput_gives_a_ratio_without_bounds_and_valid_json():
     e = stats.fieller_ratio_ci([0.0, 0.0, 0.0], [5.0, 6.0, 7.0])
     assert e.low is None and json.dumps(e.to_json(), allow_nan=False)
+
+
+def test_requests_still_queued_after_the_drain_are_cut_off_not_counted_as_failures(tmp_path, fake_server, capsys):
+    """2 slots, 10 in flight, 1 s a request: at the end 8 wait. The drain waits 1.5 longest
+    generations + 1 s (~2.6 s): the running pair and the next finish, the rest are cancelled."""
+    server = _fake(fake_server, 2)
+    write_config(tmp_path / "kvqual.toml", {"a": server.base_url})
+    _suite(tmp_path)
+    code, doc = _load(tmp_path, "a", "--duration", "3", "--concurrency", "10")
+    assert code == 0, capsys.readouterr().err
+    req, w = doc["arms"][0]["requests"], doc["arms"][0]["window"]
+    assert req["failed"] == 0 and req["failed_rate"] == 0 and req["cancelled_at_end"] >= 2
+    assert req["sent"] == req["answered"] + req["cancelled_at_end"]
+    assert w["drain_s"] < 4.0  # not the 4 more seconds a full drain of the queue would take
+    rows = [json.loads(line) for line in next((tmp_path / "results").glob("load-*/requests.jsonl")).open()]
+    cut = [r for r in rows if r["cancelled"]]
+    assert len(cut) == req["cancelled_at_end"] and all(r["completion_tokens"] is None for r in cut)

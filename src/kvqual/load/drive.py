@@ -205,7 +205,10 @@ async def drive(target: Target, items: tuple[Item, ...], params: GenerationParam
         ending[0] = True
         for w in pending:
             w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+        outcomes = await asyncio.gather(*workers, return_exceptions=True)
+        raised = [o for o in outcomes if isinstance(o, Exception)]  # a server that breaks the contract
+        if raised:
+            raise raised[0]
         drained = now()
         values, _ = await _scrape_once(scraper, target.base_urls)  # a last reading after the drain
         if values:
