@@ -258,6 +258,7 @@ def test_ctrl_c_stops_the_load_and_the_launched_server(tmp_path):
     rest = proc.communicate(timeout=30)[1]
     assert proc.returncode == 130, rest
     assert time.monotonic() - t0 < 6 and "stopping a" in rest and "interrupted" in rest
+    assert "a load does not resume" in rest and "run the same command to resume" not in rest
     assert port_is_free(port)
     leftover = subprocess.run(["pgrep", "-f", f"{FAKE} --port {port} "], capture_output=True, text=True)
     assert not leftover.stdout.split(), "the launched server outlived Ctrl-C"

@@ -33,12 +33,12 @@ examples:
 exit codes: 0 pass, 1 fail, 2 usage or bad input, 3 inconclusive, 4 infrastructure,
   128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); answers so far are kept
 
-environment: every long option of run, compare and report can be set as KVQUAL_<OPTION>
+environment: every long option of run, compare, report and load can be set as KVQUAL_<OPTION>
   (KVQUAL_CONFIG=ci.toml, KVQUAL_MAX_MINUTES=30, KVQUAL_FIXED_N=1, KVQUAL_SUITE=a.jsonl,b.jsonl);
   the command line wins
 """
 
-ENV_COMMANDS = ("run", "compare", "report")  # `serve` is launched by kvqual itself with explicit flags
+ENV_COMMANDS = ("run", "compare", "report", "load")  # `serve` is launched by kvqual itself with explicit flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("load", help="speed at saturation: steady-state tok/s of one or two targets under load",
                        description=load_cli.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     load_cli.add_arguments(p)
+    p.set_defaults(interrupted="load.json holds the targets measured before the stop (a load does not resume)")
 
     p = sub.add_parser("serve", help="the embedded reference server (a real model, bf16 or fp8 KV cache)")
     from kvqual.serve import cli as serve_cli
@@ -156,5 +157,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         how = f"stopped by {signal.Signals(_stopped_by[0]).name}" if _stopped_by else "interrupted"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
-            print(f"kvqual: {how}; answers so far are saved — run the same command to resume", file=sys.stderr)
+            note = getattr(args, "interrupted", "answers so far are saved — run the same command to resume")
+            print(f"kvqual: {how}; {note}", file=sys.stderr)
         return 128 + (_stopped_by[0] if _stopped_by else signal.SIGINT)  # 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
