@@ -94,6 +94,20 @@ def test_vllm_token_ids():
     assert parse_completion(data, 1).logprobs.token_ids == (1, 2)
 
 
+@pytest.mark.parametrize("tokens, ids", [
+    (["token_id:1", "token_id:2"], (1, 2)), (["token_id:007", "token_id:0"], (7, 0)),  # as token_id_of reads them
+    (["a", "token_id:2"], None), (["token_id:1", "b"], None), (["token_id:1\ttoken_id:2", "token_id:3"], None),
+    (["token_id:\u0661", "token_id:2"], (1, 2)),  # a digit isdigit() takes: the token-by-token path
+])
+def test_token_ids_are_read_as_token_id_of_reads_each_token(tokens, ids):
+    data = {"choices": [{"text": "x", "logprobs": {"tokens": tokens, "token_logprobs": [-1.0] * len(tokens),
+                                                     "top_logprobs": [{"a": -1.0}, None]}}]}
+    lp = parse_completion(data, 1).logprobs
+    expected = [token_id_of(t) for t in tokens]
+    assert lp.token_ids == ids == (tuple(expected) if None not in expected else None)
+    assert lp.top_logprobs == ({"a": -1.0}, {})  # a null top-k entry is an empty map, as before
+
+
 def test_parse_chat():
     data = {"choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Hi"},
                          "logprobs": {"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105],

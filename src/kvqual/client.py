@@ -185,17 +185,50 @@ def token_id_of(token: str) -> int | None:
     return None
 
 
+_JOINED_IDS = re.compile(r"token_id:[0-9]+(?:\ttoken_id:[0-9]+)*\Z")
+
+
+def _token_ids(tokens: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The ids of tokens that are all `token_id:N`, else None. Every answer comes through here:
+    the common cases take C-speed passes (the first token is not an id; or one regex over the
+    joined tokens), and only what those cannot decide takes `token_id_of` token by token."""
+    if not tokens:
+        return None
+    strings = set(map(type, tokens)) <= _STR
+    if strings and not tokens[0].startswith(TOKEN_ID_PREFIX):
+        return None
+    if strings:
+        joined = "\t".join(tokens)
+        if _JOINED_IDS.match(joined) is not None:
+            parts = joined.replace(TOKEN_ID_PREFIX, "").split("\t")
+            if len(parts) == len(tokens):  # else a tab inside a token: not ids
+                return tuple(map(int, parts))
+    ids = [token_id_of(t) for t in tokens]
+    return tuple(ids) if all(i is not None for i in ids) else None  # type: ignore[arg-type]
+
+
+_STR = frozenset((str,))
+_DICT = frozenset((dict,))
+
+
+def _top_maps(tops: list[Any]) -> tuple[Mapping[str, float], ...]:
+    """The top-k maps of a decoded body, kept as they are (nothing else holds them: no copies);
+    a null or empty entry is an empty map, as is anything else falsy."""
+    if set(map(type, tops)) <= _DICT:
+        return tuple(tops)
+    return tuple(dict(t) if t else {} for t in tops)
+
+
 def _completion_logprobs(raw: Mapping[str, Any] | None) -> TokenLogprobs | None:
     if not raw or raw.get("tokens") is None:
         return None
     tokens = tuple(raw["tokens"])
-    ids = [token_id_of(t) for t in tokens]
     return TokenLogprobs(
         tokens=tokens,
         token_logprobs=tuple(raw.get("token_logprobs") or ()),
-        top_logprobs=tuple(dict(t) if t else {} for t in (raw.get("top_logprobs") or ())),
+        top_logprobs=_top_maps(raw.get("top_logprobs") or ()),
         text_offset=tuple(raw["text_offset"]) if raw.get("text_offset") is not None else None,
-        token_ids=tuple(ids) if tokens and all(i is not None for i in ids) else None,  # type: ignore[arg-type]
+        token_ids=_token_ids(tokens),
     )
 
 
