@@ -23,7 +23,14 @@ NOT_IDS = TokenLogprobs(tokens=("token_id:05", "token_id:1"), token_logprobs=(-1
                         top_logprobs=({"token_id:05": -1.0}, {"token_id:1": -2.0}))  # "05" is not how an id prints
 
 
-@pytest.mark.parametrize("lp", [IDS, TEXT, NOT_IDS], ids=["ids", "text", "id-lookalike"])
+ECHO = TokenLogprobs(tokens=("a", "b"), token_logprobs=(None, -0.5), top_logprobs=({}, {"a": None, "b": -1.0}))
+TAB = TokenLogprobs(tokens=("token_id:1", "token_id:2"), token_logprobs=(-1.0, -0.5),  # a tab inside one name
+                    top_logprobs=({"token_id:5": -0.25, "token_id:6\ttoken_id:7": -0.5}, {}), token_ids=(1, 2))
+OTHER_IDS = TokenLogprobs(tokens=("token_id:1", "token_id:2"), token_logprobs=(-1.0, -0.5), token_ids=(1, 3))
+
+
+@pytest.mark.parametrize("lp", [IDS, TEXT, NOT_IDS, ECHO, TAB, OTHER_IDS],
+                         ids=["ids", "text", "id-lookalike", "echo-nulls", "tab-in-a-name", "ids-not-the-strings"])
 def test_rows_round_trip_exactly(tmp_path, lp) -> None:
     path = tmp_path / "x.tokens.arrow"
     f = tokenstore.TokenFile.open(path)
