@@ -285,7 +285,7 @@ def test_where_kvqual_spends_it(benchmark, server):
     header("Where kvqual's client CPU goes")
     steps = [("store.append (samples.jsonl line, token data)", step("kvqual runner", "without store.append")),
              ("parse_completion (checks, TokenLogprobs)", step("without store.append", "  and without parse")),
-             ("decode_json's NaN/overflow refusal", step("  and without parse", "  and plain json.loads")),
+             ("decode_json (orjson) over plain json.loads", step("  and without parse", "  and plain json.loads")),
              ("SDK transport and runner, over raw aiohttp", step("  and plain json.loads", "raw aiohttp")),
              ("raw aiohttp: HTTP and json.loads", medians(figures["raw aiohttp"])[1])]
     for what, ms in steps:
