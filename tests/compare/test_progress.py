@@ -55,7 +55,7 @@ def test_lines_mode_prints_a_line_per_round_and_at_the_end(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "kvqual: compare round 2/4: starting: 0/8 requests, 0:00 elapsed"
     assert err[1] == "kvqual: compare round 2/4: candidate answers: 2/8 requests, 0:31 elapsed, ≤ 1:33 left"
-    assert err[-1] == "kvqual: compare: 2 requests sent, 6 found answered in 0:31"
+    assert err[-1] == "kvqual: compare: 2 requests sent, 6 planned not needed (answered before, or skipped) in 0:31"
 
 
 def test_fmt_duration():

@@ -3,8 +3,9 @@ those planned, time spent and an estimate of the time left.
 
 Every request the compare sends counts as one unit: each arm's answers, the A/A replicate's and
 every teacher-forcing pass. The plan is every planned round (a sequential compare may stop at an
-earlier look, so the estimate is an upper bound: "≤"). Units found already answered in the run
-folders (a resumed compare) count as done but not in the rate. The estimate is the units left at
+earlier look, so the estimate is an upper bound: "≤"). Units not sent (answered in the run
+folders by an earlier session, or skipped, as a refused echo's forcing pass) count as done but
+not in the rate. The estimate is the units left at
 the rate of this session's units: generation and forcing requests are averaged together.
 
 On a terminal it is a rich progress bar on stderr; elsewhere (CI logs, pipes) one plain line
@@ -71,7 +72,7 @@ class CompareProgress:
         """One part of a round, e.g. "bf16 answers", with its `planned` requests (already in the
         plan): yields the callback to call per request done. Parts that run at once are shown
         together. When the part ends, requests planned but not sent (answered in an earlier
-        session) count as done and reused."""
+        session, or skipped: a refused echo is not forced) count as done, not in the rate."""
         self.active[name] += 1
         sent = 0
 
@@ -130,5 +131,5 @@ class CompareProgress:
             self._bar.stop()
         elif self.mode == "lines":
             print(f"kvqual: compare: {self.done - self.reused} requests sent"
-                  + (f", {self.reused} found answered" if self.reused else "")
+                  + (f", {self.reused} planned not needed (answered before, or skipped)" if self.reused else "")
                   + f" in {fmt_duration(self.clock() - self.started)}", file=sys.stderr, flush=True)
