@@ -22,7 +22,7 @@ def test_compare_launches_each_target_in_turn_and_stops_it(tmp_path):
     r = subprocess.run([py, "-m", "kvqual", "compare", "a", "b", "--suite", "s.jsonl"], cwd=tmp_path,
                        env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=300)
     assert r.returncode in (0, 3), r.stdout + r.stderr
-    events = [l for l in r.stderr.splitlines() if "starting" in l or "stopping" in l]
+    events = [l for l in r.stderr.splitlines() if l.startswith(("kvqual: starting ", "kvqual: stopping "))]
     assert [e.split()[1] for e in events] == ["starting", "stopping", "starting", "stopping"]
     assert "a:" in events[0] and "b:" in events[2]
     ports = [int(l.split("--port ")[1].split()[0]) for l in events if "starting" in l]
