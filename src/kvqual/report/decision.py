@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvqual.report.summary import CRITERION_LABEL, MISSING, fmt_bound, fmt_quantity, fmt_quantity_interval, get, quantity
+from kvqual.report.summary import (CRITERION_LABEL, MISSING, fmt_bound, fmt_quantity, fmt_quantity_interval, get, quantity,
+                                    shown_slower)
 
 _SHORT_LABEL = {
     "accuracy": "accuracy", "accuracy_pooled": "accuracy over all suites", "kl_excess": "KL beyond the A/A floor",
@@ -93,11 +94,9 @@ def decision(report: Mapping[str, Any]) -> Decision:
     if verdict == "PASS":
         guards = [c for c in crits if c.get("role") == "guard" and c.get("status") == "inconclusive"]
         tail = f" ({len(guards)} per-suite guard{'s' if len(guards) != 1 else ''} undecided, none outside)" if guards else ""
-        ratio, high = get(report, "speed", "ratio", "estimate"), get(report, "speed", "ratio", "ci_high")
-        shown = bool(get(report, "speed", "slower")) if "slower" in (report.get("speed") or {}) else (
-            isinstance(ratio, (int, float)) and isinstance(high, (int, float)) and high < 1)  # older reports
+        ratio = get(report, "speed", "ratio", "estimate")
         slower = (f", but it ran at {fmt_quantity(ratio, 'ratio')} the baseline's throughput: read the speed "
-                  "section first") if shown else ""
+                  "section first") if shown_slower(report) else ""
         return Decision(verdict, f"All {len(primary)} primary criteria are shown inside their bounds{tail}.",
                         f"{cand} can ship on these criteria{slower}.")
     if verdict == "INCONCLUSIVE":

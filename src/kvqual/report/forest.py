@@ -14,9 +14,6 @@ from kvqual.report import decision as D
 from kvqual.report import summary as S
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
 @dataclass(frozen=True)
 class Mark:
     """A labelled position on a forest row's track, in percent of its width."""
@@ -97,11 +94,11 @@ def forest_row(c: Mapping[str, Any]) -> ForestRow:
                   group=_group(c),
                   status=status, reading=D.reading(c), bound=S.fmt_bound(c),
                   n=f"{S.fmt_num(c.get('n'))} {c.get('unit') or 'items'}")
-    est, lo, hi = (_num(c.get(k)) for k in ("estimate", "ci_low", "ci_high"))
+    est, lo, hi = (S.num(c.get(k)) for k in ("estimate", "ci_low", "ci_high"))
     if est is None and lo is None and hi is None:
         return ForestRow(**common, note=str(c.get("detail") or "no estimate"))
     est, lo, hi = (None if v is None else S.in_units(v, q) for v in (est, lo, hi))
-    bounds = [S.in_units(v, q) for v in (_num(c.get("bound_low")), _num(c.get("bound_high"))) if v is not None]
+    bounds = [S.in_units(v, q) for v in (S.num(c.get("bound_low")), S.num(c.get("bound_high"))) if v is not None]
     ref = 1.0 if q == "ratio" else 0.0
     left, right = _scale([v for v in (est, lo, hi, ref, *bounds) if v is not None], q)
 
@@ -111,7 +108,7 @@ def forest_row(c: Mapping[str, Any]) -> ForestRow:
     a = at(lo if lo is not None else left)
     b = at(hi if hi is not None else right)
     zone = None
-    direction, bl, bh = c.get("direction"), _num(c.get("bound_low")), _num(c.get("bound_high"))
+    direction, bl, bh = c.get("direction"), S.num(c.get("bound_low")), S.num(c.get("bound_high"))
     if direction == "at_least" and bl is not None:
         zone = (at(S.in_units(bl, q)), 100.0 - at(S.in_units(bl, q)))
     elif direction == "at_most" and bh is not None:

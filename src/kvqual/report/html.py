@@ -119,7 +119,7 @@ def speed_fact(report: Mapping[str, Any]) -> tuple[str, bool] | None:
     if not isinstance(ratio, (int, float)):
         return None
     high = S.get(speed, "ratio", "ci_high")
-    slower = bool(speed["slower"]) if "slower" in speed else isinstance(high, (int, float)) and high < 1
+    slower = S.shown_slower(report)
     ci = S.fmt_quantity_interval(S.get(speed, "ratio", "ci_low"), high, "ratio")
     caveat = "" if speed.get("comparable") is not False else " (indicative only)"
     word = "slower" if slower else ("faster" if ratio >= 1 else "not shown slower")

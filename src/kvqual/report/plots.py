@@ -46,9 +46,6 @@ def _ints(values: Any) -> list[int]:
     return [int(v) for v in values or [] if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
 
 # ---------------------------------------------------------------- figures
 
@@ -100,7 +97,7 @@ def lengths_figure(lengths: Mapping[str, Any] | None, bound: tuple[float, float]
     left.scatter([b.mean()], [c.mean()], marker="D", s=70, color="black", zorder=4,
                  label=f"mean {S.sig3(b.mean())} → {S.sig3(c.mean())} tokens: {S.sig3(ratio)}×"
                        + ("" if ci == S.MISSING else f" {ci}"))
-    aa_b, aa_c = _num((aa or {}).get("len_base_mean")), _num((aa or {}).get("len_cand_mean"))
+    aa_b, aa_c = S.num((aa or {}).get("len_base_mean")), S.num((aa or {}).get("len_cand_mean"))
     if aa_b is not None and aa_c is not None:
         left.scatter([aa_b], [aa_c], marker="s", s=60, facecolors="none", edgecolors=FLOOR, linewidths=1.6,
                      zorder=3, label=f"A/A mean (base vs base again): {S.sig3(aa_b)} → {S.sig3(aa_c)}")
@@ -203,8 +200,8 @@ def by_position_figure(block: Mapping[str, Any] | None, kl_bound: float | None =
     labels = [f"{lab}\n{ab[k]['n_tokens']:,} tok" for lab, k in zip(labels, keys)]
     fig = Figure(figsize=(6.4, 4.6))
     axes = fig.subplots(2, 1, sharex=True)
-    floor_kl = _num((floor or {}).get("mean_kl")) or 0.0
-    floor_top1 = _num((floor or {}).get("same_top1_rate"))
+    floor_kl = S.num((floor or {}).get("mean_kl")) or 0.0
+    floor_top1 = S.num((floor or {}).get("same_top1_rate"))
     floor_top1 = 1.0 if floor_top1 is None else floor_top1
     panels = ((axes[0], "mean_kl", "KL(base‖cand)\nnats/token", floor_kl + kl_bound if kl_bound is not None else None),
               (axes[1], "same_top1_rate", "same top-1", floor_top1 - top1_bound if top1_bound is not None else None))
@@ -274,7 +271,7 @@ def flips_figure(flips: Mapping[str, Any] | None, aa_flips: Mapping[str, tuple[A
 def speed_figure(speed: Mapping[str, Any] | None) -> Figure | None:
     """Output tokens/s of each arm with the ratio and its CI, and latency p50/p95 side by side."""
     b, c = (speed or {}).get("baseline") or {}, (speed or {}).get("candidate") or {}
-    tb, tc = _num(b.get("output_tok_s")), _num(c.get("output_tok_s"))
+    tb, tc = S.num(b.get("output_tok_s")), S.num(c.get("output_tok_s"))
     if tb is None or tc is None:
         return None
     ratio = (speed or {}).get("ratio") or {}
@@ -286,11 +283,11 @@ def speed_figure(speed: Mapping[str, Any] | None) -> Figure | None:
     left.set_yticks([1, 0], ["baseline", "candidate"])
     left.set_xlim(0, max(tb, tc) * 1.25)
     left.set_xlabel("output tokens/s")
-    est = _num(ratio.get("estimate"))
+    est = S.num(ratio.get("estimate"))
     title = f"cand / base: {S.fmt_quantity(est, 'ratio')}" if est is not None else "cand / base: not measured"
     ci = S.fmt_quantity_interval(ratio.get("ci_low"), ratio.get("ci_high"), "ratio")
     left.set_title(title + ("" if ci == S.MISSING else f" {ci}\nper-request tokens/s"), fontsize=9)
-    lat = [(k, _num(b.get(k)), _num(c.get(k))) for k in ("latency_p50", "latency_p95")]
+    lat = [(k, S.num(b.get(k)), S.num(c.get(k))) for k in ("latency_p50", "latency_p95")]
     lat = [(k, vb, vc) for k, vb, vc in lat if vb is not None and vc is not None]
     if lat:
         x = np.arange(len(lat))
@@ -315,7 +312,7 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
         if task_aa:
             aa_flips[name] = (task_aa.get("flips_right_to_wrong"), task_aa.get("flips_wrong_to_right"))
     length = _criterion(report, "length_ratio")
-    lo, hi = _num(length.get("bound_low")), _num(length.get("bound_high"))
+    lo, hi = S.num(length.get("bound_low")), S.num(length.get("bound_high"))
     overall = S.get(report, "suites", "overall") or {}
     return {
         "lengths": to_data_uri(lengths_figure(plots.get("lengths"), (lo, hi) if lo is not None and hi is not None
@@ -324,8 +321,8 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
         "length_drift": to_data_uri(length_drift_figure(plots.get("lengths"))),
         "first_divergence": to_data_uri(first_divergence_figure(plots.get("first_divergence"))),
         "by_position": to_data_uri(by_position_figure(
-            plots.get("by_position"), _num(_criterion(report, "kl_excess").get("bound_high")),
-            _num(_criterion(report, "top1_loss").get("bound_high")), S.get(overall, "teacher", "aa"))),
+            plots.get("by_position"), S.num(_criterion(report, "kl_excess").get("bound_high")),
+            S.num(_criterion(report, "top1_loss").get("bound_high")), S.get(overall, "teacher", "aa"))),
         "flips": to_data_uri(flips_figure(plots.get("flips"), aa_flips)),
         "speed": to_data_uri(speed_figure(report.get("speed"))),
     }
@@ -349,10 +346,10 @@ def trajectory_figure(verdict: Mapping[str, Any] | None) -> Figure | None:
         q = S.quantity(str(c["name"]))
         for lk in looks:
             p = (lk.get("criteria") or {}).get(label) or {}
-            est = _num(p.get("estimate"))
+            est = S.num(p.get("estimate"))
             if est is None:
                 continue
-            lo, hi = _num(p.get("ci_low")), _num(p.get("ci_high"))
+            lo, hi = S.num(p.get("ci_low")), S.num(p.get("ci_high"))
             y = S.in_units(est, q)
             yl = S.in_units(lo if lo is not None else est, q)
             yh = S.in_units(hi if hi is not None else est, q)

@@ -86,6 +86,21 @@ class MetricRow:
     aa: str
 
 
+def num(value: Any) -> float | None:
+    """`value` as a float when it is a real number (not a bool, not missing), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def shown_slower(report: Mapping[str, Any]) -> bool:
+    """The candidate shown slower than the baseline: report.json's `speed.slower` (the speed
+    ratio's whole interval below 1); in older reports without the key, the same rule."""
+    speed = report.get("speed") or {}
+    if "slower" in speed:
+        return bool(speed["slower"])
+    high = num(get(speed, "ratio", "ci_high"))
+    return high is not None and high < 1
+
+
 def get(mapping: Any, *keys: str | int) -> Any:
     """Walk nested dicts/lists, returning None at the first missing or null step."""
     value = mapping
