@@ -151,7 +151,9 @@ def test_load_discards_the_warmup_burst_and_measures_the_known_steady_throughput
     arm = doc["arms"][0]
     w, tok = arm["window"], arm["output_tok_s"]
     assert w["generation_time_p50_s"] == pytest.approx(1.0, rel=0.15)
-    assert w["warmup_s"] == pytest.approx(max(2 * w["generation_time_p50_s"], 0.8), abs=1e-3)
+    # both figures are rounded in load.json (3 decimals): twice the rounded median is off by up to 1e-3,
+    # the rounded warm-up by 5e-4 more
+    assert w["warmup_s"] == pytest.approx(max(2 * w["generation_time_p50_s"], 0.8), abs=2e-3)
     assert w["batches"] >= 5 and w["end_s"] == 8
     known = 4 / TOKEN_DELAY
     assert tok["low"] < tok["estimate"] < tok["high"]
