@@ -23,6 +23,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from kvqual.compare.stats import mean_ci
+
 __all__ = ["Estimate", "tokens_in_window", "warmup_seconds", "batch_count", "batch_rates", "batch_means_ci",
            "fieller_ratio_ci", "lag1_autocorrelation", "time_weighted_mean", "counter_rate", "percentiles",
            "MAX_BATCHES", "WARMUP_LIFETIMES", "WARMUP_SHARE"]
@@ -110,11 +112,10 @@ def batch_means_ci(values: ArrayLike, level: float = 0.95) -> Estimate:
     n = int(x.size)
     if n == 0:
         return Estimate(math.nan, None, None, level, None, 0)
-    mean = float(x.mean())
     if n < 2:
-        return Estimate(mean, None, None, level, None, n)
-    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
-    return Estimate(mean, mean - half, mean + half, level, float(n - 1), n)
+        return Estimate(float(x.mean()), None, None, level, None, n)
+    m = mean_ci(x, level=level)  # the project's t interval of a mean (every batch its own unit)
+    return Estimate(m.estimate, m.low, m.high, level, float(m.df), n)
 
 
 def fieller_ratio_ci(baseline: ArrayLike, candidate: ArrayLike, level: float = 0.95) -> Estimate:
