@@ -21,8 +21,10 @@ from typing import Callable, Literal
 
 import torch
 
+from kvqual.serve.dtypes import FP8_FAULTS
 from kvqual.serve.kvcache import KvCache, KvCacheDtype, KvFault, KvScale
 from kvqual.serve.model import LoadedModel
+from kvqual.serve.prefixcache import BLOCK_SIZE, PrefixCache, block_keys
 from kvqual.serve.sampling import TokenLogprob, choose_token, make_generator, token_logprobs
 
 LOGIT_CHUNK = 256  # positions per lm_head call when scoring a whole prompt
@@ -41,6 +43,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     echo: bool = False
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached prefix blocks
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """Prompt scoring (echo with logprobs) computes every position fresh, as vLLM v1 skips prefix
+        hits for prompt_logprobs requests; everything else may start from cached blocks."""
+        return not (self.echo and self.logprobs is not None)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class Generation:
     finish_reason: Literal["stop", "length"]
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None
     output_logprobs: tuple[TokenLogprob, ...] | None
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache (None: no prefix cache)
 
 
 Callback = Callable[[Generation | BaseException], None]
@@ -73,9 +83,18 @@ class _Row:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     cached: int = 0  # tokens whose K/V are in the cache
+    prefix_hit: int = 0  # prompt tokens whose K/V came from the prefix cache
     text: str = ""
     finish_reason: Literal["stop", "length"] | None = None
     on_token: TokenHook | None = None
+
+
+@dataclass(frozen=True)
+class _Flush:
+    """A /flush_cache or /reset_prefix_cache request, answered on the engine thread in arrival order."""
+
+    only_if_idle: bool
+    done: Callable[[bool], None]
 
 
 @dataclass
@@ -111,11 +130,14 @@ class Engine:
         kv_capacity_tokens: int,
         batch_window_s: float = 0.005,
         kv_fault: KvFault = "none",
+        prefix_cache: PrefixCache | None = None,
     ):
         self.loaded = loaded
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_scale = kv_scale
         self.kv_fault = kv_fault
+        self._layer_fault: KvFault = kv_fault if kv_fault in FP8_FAULTS else "none"
+        self.prefix_cache = prefix_cache  # None: off (the default); engine thread only, like the batch
         self.max_batch = max_batch
         self.context_length = context_length
         self.kv_capacity_tokens = kv_capacity_tokens
@@ -143,6 +165,12 @@ class Engine:
         self._stop.set()
         self._inbox.put(None)
         self._thread.join(timeout=30)
+
+    def flush_cache(self, done: Callable[[bool], None], only_if_idle: bool = True) -> None:
+        """Empty the prefix cache on the engine thread; `done(True)` there once it is empty, or
+        `done(False)` when `only_if_idle` and requests are running or queued (SGLang's /flush_cache).
+        Running requests hold their own K/V, so `only_if_idle=False` is always safe (vLLM's reset)."""
+        self._inbox.put(_Flush(only_if_idle, done))
 
     def submit(
         self,
@@ -177,12 +205,22 @@ class Engine:
                 self._update_gauges()
         for row in list(self._pending) + self._rows:
             row.callback(RuntimeError("server shutting down"))
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Flush):
+                item.done(False)
+            elif item is not None:
+                item.callback(RuntimeError("server shutting down"))
 
     def _collect(self) -> None:
         """Move arrivals to the pending queue: block when idle, then wait a short window."""
         if not self._rows and not self._pending:
             item = self._inbox.get()
-            if item is None:
+            if item is None or isinstance(item, _Flush):
+                self._take(item)
                 return
             self._pending.append(item)
             deadline = time.monotonic() + self.batch_window_s
@@ -191,15 +229,25 @@ class Engine:
                     item = self._inbox.get(timeout=left)
                 except queue.Empty:
                     break
-                if item is not None:
-                    self._pending.append(item)
+                self._take(item)
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if item is not None:
-                self._pending.append(item)
+            self._take(item)
+
+    def _take(self, item: _Row | _Flush | None) -> None:
+        """One inbox item: a request joins the pending queue; a flush is answered now, in arrival order."""
+        if isinstance(item, _Flush):
+            idle = not self._rows and not self._pending
+            flushed = idle or not item.only_if_idle
+            if flushed and self.prefix_cache is not None:
+                self.prefix_cache.flush()
+            self._update_gauges()  # what a refusal reports
+            item.done(flushed)
+        elif item is not None:
+            self._pending.append(item)
 
     def _reserved(self, row: _Row) -> int:
         return len(row.prompt_ids) + row.params.max_tokens
@@ -218,7 +266,7 @@ class Engine:
             self.stats.requests_total += 1
             self.stats.prompt_tokens_total += len(row.prompt_ids)
             try:
-                cache = self._prefill(row)
+                cache = self._prefill(row, self.kv_capacity_tokens - in_use - self._reserved(row))
             except Exception as exc:
                 row.callback(exc)
                 continue
@@ -244,14 +292,29 @@ class Engine:
         )
         return out.last_hidden_state
 
-    def _prefill(self, row: _Row) -> KvCache:
-        """Run the prompt alone through a fresh cache; score it if echo asks; pick the first token."""
+    def _prefill(self, row: _Row, room: int) -> KvCache:
+        """Run the prompt alone through a fresh cache (after the K/V of its longest cached prefix, when
+        the prefix cache is on; `room`: tokens of the KV budget it may keep); score it if echo asks;
+        pick the first token."""
         n = len(row.prompt_ids)
         loaded = self.loaded
-        cache = KvCache(loaded.num_layers, self.kv_cache_dtype, self.kv_scale, self.kv_fault)
-        ids = torch.tensor([row.prompt_ids], dtype=torch.long)
-        hidden = self._hidden(ids, torch.arange(n).unsqueeze(0), torch.ones_like(ids), cache)[0]
+        cache = KvCache(loaded.num_layers, self.kv_cache_dtype, self.kv_scale, self._layer_fault)
+        store, keys, start = self.prefix_cache, [], 0
+        if store is not None:
+            keys = block_keys(row.prompt_ids, row.params.cache_salt)
+            hit = store.lookup(keys, n) if row.params.reads_prefix_cache else None
+            store.fit(room, keep=hit.entry_id if hit else None)  # room for this request first
+            if hit is not None:
+                cache.load_prefix(hit.kv, hit.scales, loaded.model.dtype, n)
+                start = row.prefix_hit = hit.tokens
+        ids = torch.tensor([row.prompt_ids[start:]], dtype=torch.long)
+        positions = torch.arange(start, n).unsqueeze(0)
+        mask = torch.ones((1, n), dtype=torch.long)
+        hidden = self._hidden(ids, positions, mask, cache)[0]
         row.cached = n
+        if store is not None and keys:
+            store.insert(keys, *cache.stored_prefix(len(keys) * BLOCK_SIZE))
+            store.fit(room)
         k = row.params.logprobs
         if row.params.echo and k is not None:
             scored: list[TokenLogprob | None] = [None]
@@ -344,6 +407,7 @@ class Engine:
             finish_reason=row.finish_reason,
             prompt_logprobs=row.prompt_logprobs,
             output_logprobs=tuple(row.output_logprobs) if row.params.logprobs is not None else None,
+            cached_tokens=row.prefix_hit if self.prefix_cache is not None else None,
         )
         row.callback(result)
 

@@ -136,6 +136,28 @@ class StoredLayer(DynamicLayer):
         self._len += n
         return self._views()
 
+    def load(self, stored: tuple[torch.Tensor, torch.Tensor], per_row: list[torch.Tensor],
+             compute_dtype: torch.dtype, capacity: int) -> None:
+        """Start this empty layer from K/V already stored ([B, H, T, D] in the storage dtype: a prefix
+        cache hit) and the per-row tensors they were stored with (fp8 scales, which later positions
+        then use too). The read-back copy is decoded from them as `update` decodes (faults included)."""
+        k, v = stored
+        DynamicLayer.lazy_initialization(self, k, v)
+        self.compute_dtype = compute_dtype
+        self._nrows, self._len = k.shape[0], k.shape[-2]
+        self._per_row = list(per_row)
+        shape = (k.shape[0], k.shape[1], max(capacity, self._len), k.shape[3])
+        self._store = [k.new_empty(shape), k.new_empty(shape)]
+        self._read = [torch.empty(shape, dtype=compute_dtype, device=k.device) for _ in range(2)]
+        for kv, q in enumerate(stored):
+            self._store[kv][:, :, : self._len] = q
+            self._read[kv][:, :, : self._len] = self._decode(q, kv)
+        self._views()
+
+    def per_row(self) -> list[torch.Tensor]:
+        """The per-row tensors calibrated on the prompt (fp8: K and V scales, [B, 1, 1, 1]; bf16: none)."""
+        return self._per_row
+
     def get_seq_length(self) -> int:
         return self._len if self.is_initialized else 0
 
@@ -308,6 +330,23 @@ class KvCache(Cache):
     def nbytes(self) -> int:
         """Bytes of stored K/V across layers (padding included: it is memory in use)."""
         return sum(layer.nbytes() for layer in self.layers)
+
+    def stored_prefix(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A copy of row 0's first `tokens` stored positions, [layers, 2, H, tokens, D] in the storage
+        dtype, and the scales they were stored with, [layers, 2] (None for bf16): a prefix cache entry."""
+        kv = torch.stack([torch.stack([k[0, :, :tokens], v[0, :, :tokens]]) for k, v in
+                          (layer.stored() for layer in self.layers)])
+        if not self.layers[0].per_row():
+            return kv, None
+        return kv, torch.stack([torch.cat([t[0].reshape(1) for t in layer.per_row()]) for layer in self.layers])
+
+    def load_prefix(self, kv: torch.Tensor, scales: torch.Tensor | None, compute_dtype: torch.dtype,
+                    capacity: int) -> None:
+        """Start this empty one-row cache from a prefix cache entry's K/V ([layers, 2, H, T, D]) and
+        scales ([layers, 2]); `capacity`: positions to allocate (the whole prompt)."""
+        for i, layer in enumerate(self.layers):
+            per_row = [] if scales is None else [scales[i, j].reshape(1, 1, 1, 1) for j in range(2)]
+            layer.load((kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)), per_row, compute_dtype, capacity)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: KvCacheDtype) -> int:
