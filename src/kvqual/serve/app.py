@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from kvqual.serve.engine import Engine, Generation, SamplingParams
 from kvqual.serve.kvcache import KvCacheDtype, KvFault, KvScale
 from kvqual.serve.model import LoadedModel
+from kvqual.serve.prefixcache import BLOCK_SIZE, PrefixCacheStats
 from kvqual.serve.protocol import (
     ApiError,
     ChatRequest,
@@ -33,6 +34,9 @@ from kvqual.serve.protocol import (
 from kvqual.serve.stream import sse_stream
 
 VERSION = "0.1.0"
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "  # SGLang's /flush_cache texts
+           "(When there are running or waiting requests, the operation will not be performed.)\n")
+NOT_FLUSHED = "Cache not flushed because there are pending requests."
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,10 @@ class ServeConfig:
     kv_capacity_tokens: int
     kv_budget_bytes: int
     kv_fault: KvFault = "none"  # an injected field failure (--kv-fault); reported only here
+    enable_prefix_caching: bool = False  # on with either flag: --enable-hierarchical-cache implies it
+    enable_hierarchical_cache: bool = False
+    hicache_size: float = 0.0  # GB, as given (0: the ratio sets the host tier)
+    hicache_ratio: float = 2.0
 
 
 class ServerState:
@@ -108,6 +116,13 @@ class ServerState:
             loop.call_soon_threadsafe(settle)
 
         self.engine.submit(ids, params, deliver)
+        return await future
+
+    async def flush_cache(self, only_if_idle: bool) -> bool:
+        """Empty the prefix cache on the engine thread; False when `only_if_idle` and requests are in flight."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self.engine.flush_cache(lambda ok: loop.call_soon_threadsafe(future.set_result, ok), only_if_idle)
         return await future
 
     def stream(self, req: CompletionRequest | ChatRequest, ids: list[int], params: SamplingParams) -> StreamingResponse:
@@ -181,8 +196,29 @@ def create_app(state: ServerState) -> FastAPI:
             "kv_cache_budget_bytes": cfg.kv_budget_bytes,
             "max_batch": cfg.max_batch,
             "max_running_requests": cfg.max_batch,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            "disable_radix_cache": not cfg.enable_prefix_caching,
+            "enable_hierarchical_cache": cfg.enable_hierarchical_cache,
+            "hicache_size": cfg.hicache_size,
+            "hicache_ratio": cfg.hicache_ratio,
+            "prefix_cache_block_size": BLOCK_SIZE,
             "version": VERSION,
         }
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> PlainTextResponse:
+        # SGLang's route and texts: refused while requests are running or queued
+        if await state.flush_cache(only_if_idle=True):
+            return PlainTextResponse(FLUSHED)
+        s = state.engine.stats
+        return PlainTextResponse(f"{NOT_FLUSHED} #queue-req: {s.num_queued_reqs}, #running-req: {s.num_running_reqs}\n",
+                                 status_code=400)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        # vLLM's dev endpoint: an empty 200; running requests keep their own K/V, so it never waits
+        await state.flush_cache(only_if_idle=False)
+        return Response(status_code=200)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -249,6 +285,8 @@ def create_app(state: ServerState) -> FastAPI:
 def prometheus_text(state: ServerState) -> str:
     """Prometheus exposition of the engine's counters, prefixed `kvqual_serve:`."""
     s, cfg = state.engine.stats, state.config
+    store = state.engine.prefix_cache
+    p = store.stats if store is not None else PrefixCacheStats()
     labels = f'model_name="{state.model_name}",kv_cache_dtype="{cfg.kv_cache_dtype}",kv_scale="{cfg.kv_scale}"'
     rows = [
         ("requests_total", "counter", "Generation requests admitted", s.requests_total),
@@ -263,6 +301,16 @@ def prometheus_text(state: ServerState) -> str:
         ("token_usage", "gauge", "Share of the KV capacity held by running requests (SGLang's token_usage)",
          round(s.kv_tokens_in_use / cfg.kv_capacity_tokens, 6) if cfg.kv_capacity_tokens else 0.0),
         ("gen_throughput", "gauge", "Generated tokens/s over the last 10 s", round(s.gen_throughput(), 3)),
+        ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache", p.queries_tokens),
+        ("prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache", p.hit_tokens),
+        ("hicache_host_hits_total", "counter", "Prompt tokens served after a load back from the host tier",
+         p.host_hit_tokens),
+        ("prefix_cache_evictions_total", "counter", "Prefix cache entries evicted from the device store",
+         p.evictions),
+        ("prefix_cache_tokens", "gauge", "Tokens held by the prefix cache's device store", p.device_tokens),
+        ("hicache_host_tokens", "gauge", "Tokens held by the host tier", p.host_tokens),
+        ("cache_hit_rate", "gauge", "Prefix cache hits / queries (tokens) since start (SGLang's cache_hit_rate)",
+         round(p.hit_rate, 6)),
     ]
     lines = []
     for name, kind, help_text, value in rows:

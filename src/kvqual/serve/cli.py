@@ -8,7 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
-from kvqual.serve.dtypes import KV_CACHE_DTYPES, KV_FAULTS, check_kv_fault, resolve_kv_cache_dtype
+from kvqual.serve.dtypes import KV_CACHE_DTYPES, KV_FAULTS, check_hicache, check_kv_fault, resolve_kv_cache_dtype
 
 DEFAULT_PORT = 30000  # SGLang's default
 
@@ -25,10 +25,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fp8 scale: dynamic (per request/layer, calibrated on the prompt) or 1.0 "
                         "(no scale: an engine without calibrated scales)")
     parser.add_argument("--kv-fault", choices=KV_FAULTS, default="none",
-                        help="inject a silent fp8 KV failure seen in the field (fp8 dtypes only): "
-                        "ignore-scale-on-read (the kernel reads K/V without the scale; breaks the model), "
-                        "drop-scale (the scale falls back to 1.0 while kv_scale still says dynamic); "
-                        "the server still reports its fp8 dtype, only kv_fault in /get_server_info names it")
+                        help="inject a silent KV failure seen in the field: ignore-scale-on-read (fp8: the kernel "
+                        "reads K/V without the scale; breaks the model), drop-scale (fp8: the scale falls back to "
+                        "1.0 while kv_scale still says dynamic), stale-cache-block (needs prefix caching, any dtype: "
+                        "warm hits read blocks after the first from another cached entry's slots); the server "
+                        "still reports its dtype, only kv_fault in /get_server_info names it")
+    parser.add_argument("--enable-prefix-caching", action="store_true",
+                        help="reuse the K/V of cached 16-token prompt blocks (vLLM's flag; off by default here, "
+                        "SGLang's radix cache is on unless --disable-radix-cache)")
+    parser.add_argument("--enable-hierarchical-cache", action="store_true",
+                        help="prefix caching plus a host tier: entries evicted from the KV budget move there and "
+                        "are loaded back on reuse (SGLang's flag)")
+    parser.add_argument("--hicache-ratio", type=float, default=2.0,
+                        help="host tier size as a multiple of the KV capacity (default 2.0)")
+    parser.add_argument("--hicache-size", type=float, default=0.0,
+                        help="host tier size in GB (1e9 bytes; default 0: use --hicache-ratio)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--max-batch", "--max-running-requests", dest="max_batch", type=int, default=32,
@@ -59,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     from kvqual.serve.model import ModelNotFound, resolve_source
 
     try:
-        check_kv_fault(resolve_kv_cache_dtype(args.kv_cache_dtype), args.kv_fault)
+        check_kv_fault(resolve_kv_cache_dtype(args.kv_cache_dtype), args.kv_fault,
+                       args.enable_prefix_caching or args.enable_hierarchical_cache)
+        check_hicache(args.hicache_ratio, args.hicache_size)
     except ValueError as exc:
         print(f"kvqual serve: {exc}", file=sys.stderr)
         return 2
@@ -89,12 +102,16 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("kvqual.serve").info("loading model ...")
     state = build_state(args.model, args.kv_cache_dtype, args.kv_scale, args.max_batch,
-                        args.context_length, args.kv_budget_mb, args.kv_fault)
+                        args.context_length, args.kv_budget_mb, args.kv_fault, args.enable_prefix_caching,
+                        args.enable_hierarchical_cache, args.hicache_ratio, args.hicache_size)
     if args.kv_fault != "none":  # like the field: a log line, nothing in the dtype the server reports
         logging.getLogger("kvqual.serve").warning("kv fault injected: %s (see docs/serve.md, Fault modes)",
                                                    args.kv_fault)
-    print(f"kvqual serve: {state.model_name} kv_cache_dtype={state.config.kv_cache_dtype} "
-          f"kv_scale={state.config.kv_scale} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    cfg = state.config
+    caching = (" hierarchical_cache" if cfg.enable_hierarchical_cache
+               else " prefix_caching" if cfg.enable_prefix_caching else "")
+    print(f"kvqual serve: {state.model_name} kv_cache_dtype={cfg.kv_cache_dtype} "
+          f"kv_scale={cfg.kv_scale}{caching} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     serve_forever(state, args.host, args.port, args.log_level)
     return 0
 

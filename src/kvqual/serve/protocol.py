@@ -98,6 +98,14 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
     return stream, bool(include_usage)
 
 
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's `cache_salt`: absent or null for the shared namespace, else a non-empty string."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    return salt
+
+
 def _common_params(body: dict[str, Any], max_tokens: int, logprobs: int | None, echo: bool) -> SamplingParams:
     temperature = float(_get(body, "temperature", (int, float), 1.0))
     top_p = float(_get(body, "top_p", (int, float), 1.0))
@@ -119,6 +127,7 @@ def _common_params(body: dict[str, Any], max_tokens: int, logprobs: int | None, 
         stop=_stop(body),
         logprobs=logprobs,
         echo=echo,
+        cache_salt=_cache_salt(body),
     )
 
 
@@ -250,10 +259,14 @@ def completion_response(
     }
 
 
-def _usage(results: Sequence[Generation]) -> dict[str, int]:
+def _usage(results: Sequence[Generation]) -> dict[str, Any]:
+    """OpenAI's usage block; `prompt_tokens_details.cached_tokens` where the server has a prefix cache."""
     prompt = sum(len(r.prompt_ids) for r in results)
     completion = sum(len(r.output_ids) for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if any(r.cached_tokens is not None for r in results):
+        usage["prompt_tokens_details"] = {"cached_tokens": sum(r.cached_tokens or 0 for r in results)}
+    return usage
 
 
 def _chat_entry(token: str, logprob: float) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import uvicorn
 
 from kvqual.serve.app import ServeConfig, ServerState, create_app
 from kvqual.serve.engine import Engine, SamplingParams
+from kvqual.serve.dtypes import check_hicache
 from kvqual.serve.kvcache import (
     KvScale,
     check_kv_fault,
@@ -30,6 +31,7 @@ from kvqual.serve.kvcache import (
     resolve_kv_cache_dtype,
 )
 from kvqual.serve.model import load_model, resolve_source
+from kvqual.serve.prefixcache import PrefixCache, PrefixCacheStats, host_capacity_tokens
 
 DEFAULT_KV_BUDGET_MB = 256
 SHUTDOWN_GRACE_S = 2.0  # after a stop signal, connections still open are cancelled after this long
@@ -43,21 +45,39 @@ def build_state(
     context_length: int | None = None,
     kv_budget_mb: int = DEFAULT_KV_BUDGET_MB,
     kv_fault: str = "none",
+    enable_prefix_caching: bool = False,
+    enable_hierarchical_cache: bool = False,
+    hicache_ratio: float = 2.0,
+    hicache_size: float = 0.0,
 ) -> ServerState:
     """Load the model (cached) and start an engine for these settings (`kv_fault`: an injected
-    fp8 failure, see kvcache.py; ValueError with a bf16 cache)."""
+    failure, see kvcache.py and prefixcache.py; ValueError where it lacks what it needs). The
+    hierarchical cache implies prefix caching; its host tier holds `hicache_size` GB, or when that
+    is 0 `hicache_ratio` x the KV capacity."""
     dtype = resolve_kv_cache_dtype(kv_cache_dtype)
-    fault = check_kv_fault(dtype, kv_fault)
+    prefix_caching = enable_prefix_caching or enable_hierarchical_cache
+    fault = check_kv_fault(dtype, kv_fault, prefix_caching)
+    check_hicache(hicache_ratio, hicache_size)
     torch.set_flush_denormal(True)  # subnormals make float32 CPU matmuls ~8x slower (measured)
     loaded = load_model(resolve_source(model))
     limit = min(context_length or loaded.max_position_embeddings, loaded.max_position_embeddings)
     budget = kv_budget_mb * 1024 * 1024
     per_token = kv_bytes_per_token(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, dtype)
     capacity = kv_capacity_tokens(budget, per_token)
-    config = ServeConfig(dtype, kv_scale, max_batch, limit, capacity, budget, fault)
-    engine = Engine(loaded, dtype, kv_scale, max_batch, limit, capacity, kv_fault=fault)
+    config = ServeConfig(dtype, kv_scale, max_batch, limit, capacity, budget, fault, prefix_caching,
+                         enable_hierarchical_cache, hicache_size, hicache_ratio)
+    store = None
+    if prefix_caching:
+        host = host_capacity_tokens(capacity, per_token, hicache_size, hicache_ratio) if enable_hierarchical_cache else None
+        store = PrefixCache(host, stale_blocks=fault == "stale-cache-block")
+    engine = Engine(loaded, dtype, kv_scale, max_batch, limit, capacity, kv_fault=fault, prefix_cache=store)
     engine.start()
     warm_up(engine)
+    if store is not None:  # the warm-up prompt is no one's prefix: start empty, counters at 0
+        flushed = threading.Event()
+        engine.flush_cache(lambda _: flushed.set(), only_if_idle=False)
+        flushed.wait(timeout=30)
+        store.stats = PrefixCacheStats()
     return ServerState(loaded, engine, config)
 
 
@@ -104,9 +124,15 @@ def running_server(
     max_batch: int = 32,
     context_length: int | None = None,
     kv_fault: str = "none",
+    kv_budget_mb: int = DEFAULT_KV_BUDGET_MB,
+    enable_prefix_caching: bool = False,
+    enable_hierarchical_cache: bool = False,
+    hicache_ratio: float = 2.0,
+    hicache_size: float = 0.0,
 ) -> Iterator[str]:
     """Serve in this process on a background thread; yields the base URL (`http://host:port`, no /v1)."""
-    state = build_state(model, kv_cache_dtype, kv_scale, max_batch, context_length, kv_fault=kv_fault)
+    state = build_state(model, kv_cache_dtype, kv_scale, max_batch, context_length, kv_budget_mb, kv_fault,
+                        enable_prefix_caching, enable_hierarchical_cache, hicache_ratio, hicache_size)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
