@@ -116,7 +116,8 @@ def test_evicted_entries_move_to_the_host_tier_and_load_back():
     assert (cache.stats.device_tokens, cache.stats.host_tokens, cache.stats.evictions) == (32, 32, 1)
     hit = cache.lookup(a, 33)
     assert hit.from_host and hit.tokens == 32 and cache.stats.host_hit_tokens == 32
-    assert torch.equal(hit.kv.view(torch.uint8), kv_a.view(torch.uint8)) and torch.equal(hit.scales, torch.full((LAYERS, 2), 0.5))
+    assert torch.equal(hit.kv.view(torch.uint8), kv_a.view(torch.uint8))
+    assert torch.equal(hit.scales, torch.full((LAYERS, 2), 0.5))
     assert (cache.stats.device_tokens, cache.stats.host_tokens) == (64, 0)  # it is on device again
     for n in (3, 4, 5):
         _insert(cache, [n] * 33, seed=n)

@@ -105,7 +105,8 @@ def test_usage_metrics_and_flush(cached_bf16_url):
     n = b["usage"]["prompt_tokens"]  # b's own blocks are cached now: all but the last token's block
     assert events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16 > _cached(b)
     info = httpx.get(cached_bf16_url + "/get_server_info").json()
-    assert (info["enable_prefix_caching"], info["disable_radix_cache"], info["enable_hierarchical_cache"]) == (True, False, False)
+    flags = info["enable_prefix_caching"], info["disable_radix_cache"], info["enable_hierarchical_cache"]
+    assert flags == (True, False, False)
     assert (info["hicache_size"], info["hicache_ratio"], info["prefix_cache_block_size"]) == (0.0, 2.0, 16)
     _flush(cached_bf16_url)
     assert _metric(cached_bf16_url, "prefix_cache_tokens") == 0

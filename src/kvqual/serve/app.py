@@ -1,4 +1,5 @@
-"""The HTTP layer: FastAPI routes over one Engine (OpenAI, vLLM /tokenize, SGLang-style info).
+"""The HTTP layer: FastAPI routes over one Engine (OpenAI, vLLM /tokenize and /reset_prefix_cache,
+SGLang-style /get_server_info and /flush_cache).
 
 HTTP runs in asyncio; generation runs on the engine's worker thread, whose callbacks
 resolve asyncio futures (or, for `"stream": true`, feed a queue: see stream.py). Bad

@@ -2,7 +2,7 @@
 `stale-cache-block` fault, and how often a warm fp8 request's adopted scales differ from the
 ones a cold prefill would calibrate (docs/serve.md, "Prefix cache and hierarchical cache").
 
-    python -m kvqual.serve.cachecheck --docs 6 --questions 4 --doc-tokens 512 --threads 2
+    python -m kvqual.serve.cachecheck --docs 8 --questions 4 --doc-tokens 768 --max-tokens 24 --threads 2
 
 Shared-document prompts: each document (filler with one secret number per question) is asked
 `--questions` questions, the document first and the question last, so a document's prompts
@@ -94,6 +94,20 @@ def _cold_scales(state, ids: tuple[int, ...]) -> torch.Tensor:
     return torch.stack([torch.cat([t.reshape(1) for t in layer.scales()]) for layer in cache.layers])
 
 
+def compare(prompts: list[Prompt], run: list[Generation], ref: list[Generation], idx: list[int]) -> str:
+    """Requests `idx` of `run` against the same requests of `ref`: cached tokens, same greedy output,
+    the first output token's |logprob difference| (median, max), accuracy (ref's in brackets)."""
+    if not idx:
+        return "none"
+    delta = sorted(abs(run[i].output_logprobs[0].logprob - ref[i].output_logprobs[0].logprob) for i in idx)
+    cached = statistics.mean(run[i].cached_tokens or 0 for i in idx)
+    return (f"{len(idx)} requests, cached {cached:.0f} of {statistics.mean(len(prompts[i].ids) for i in idx):.0f} "
+            f"prompt tokens; same output {sum(run[i].output_ids == ref[i].output_ids for i in idx)}/{len(idx)}; "
+            f"first token |d logprob| median {statistics.median(delta):.4f}, max {delta[-1]:.4f}; "
+            f"accuracy {sum(prompts[i].answer in run[i].text for i in idx)} "
+            f"({sum(prompts[i].answer in ref[i].text for i in idx)})")
+
+
 def measure(dtype: str, prompts: list[Prompt], max_tokens: int, kv_budget_mb: int) -> dict[str, object]:
     """One dtype: cold (no prefix cache), warm (prefix cache) and stale-cache-block runs of the same
     waves; each run's requests compared with the cold run's, split by whether the cache served them."""
@@ -114,21 +128,18 @@ def measure(dtype: str, prompts: list[Prompt], max_tokens: int, kv_budget_mb: in
             state.engine.shutdown()
     cold = runs["cold"]
     out: dict[str, object] = {"dtype": dtype, "requests": len(prompts),
-                              "cold_accuracy": f"{sum(p.answer in c.text for p, c in zip(prompts, cold))}/{len(prompts)}"}
+                              "cold accuracy": f"{sum(p.answer in c.text for p, c in zip(prompts, cold))}/{len(prompts)}"}
+    later = [i for i, p in enumerate(prompts) if p.wave == 1]
     for name in ("warm", "stale"):
-        served = [i for i, r in enumerate(runs[name]) if r.cached_tokens]
-        unserved = [i for i, r in enumerate(runs[name]) if not r.cached_tokens]
-        same = sum(runs[name][i].output_ids == cold[i].output_ids for i in served)
-        delta = sorted(abs(runs[name][i].output_logprobs[0].logprob - cold[i].output_logprobs[0].logprob) for i in served)
-        right = sum(prompts[i].answer in runs[name][i].text for i in served)
-        out[f"{name}: served from cache"] = (f"{len(served)} (mean {statistics.mean(runs[name][i].cached_tokens for i in served):.0f} "
-                                             f"of {statistics.mean(len(prompts[i].ids) for i in served):.0f} prompt tokens)")
-        out[f"{name}: same output as cold"] = f"{same}/{len(served)}"
-        out[f"{name}: first token |d logprob| median, max"] = (round(statistics.median(delta), 5), round(delta[-1], 5))
-        out[f"{name}: accuracy (cold on the same)"] = (f"{right}/{len(served)} "
-                                                        f"({sum(prompts[i].answer in cold[i].text for i in served)})")
+        run = runs[name]
+        unserved = [i for i, r in enumerate(run) if not r.cached_tokens]
+        template = [i for i, r in enumerate(run) if r.cached_tokens and prompts[i].wave == 0]
+        out[f"{name}: questions 2+ (document hits)"] = compare(prompts, run, cold, later)
+        out[f"{name}: first questions served from cache (the chat template only)"] = compare(prompts, run, cold,
+                                                                                              template)
         out[f"{name}: not served from cache, same output"] = (
-            f"{sum(runs[name][i].output_ids == cold[i].output_ids for i in unserved)}/{len(unserved)}")
+            f"{sum(run[i].output_ids == cold[i].output_ids for i in unserved)}/{len(unserved)}")
+    out["_cold"] = cold
     # fp8: the scales a warm request adopted (as served: shared namespace), and the ones one cache_salt
     # per document would give it (its document's first prompt's, calibrated cold), against its own cold ones
     for label, col in (("served", 0), ("one salt per document", 2)):
@@ -147,9 +158,9 @@ def measure(dtype: str, prompts: list[Prompt], max_tokens: int, kv_budget_mb: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvqual.serve.cachecheck", description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=6)
+    parser.add_argument("--docs", type=int, default=8)
     parser.add_argument("--questions", type=int, default=4, help="per document: 1 cold, the rest warm")
-    parser.add_argument("--doc-tokens", type=int, default=512, help="about this many tokens of filler per document")
+    parser.add_argument("--doc-tokens", type=int, default=768, help="about this many tokens of filler per document")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--dtypes", default="bf16,fp8_e4m3")
     parser.add_argument("--kv-budget-mb", type=int, default=1024,
@@ -162,10 +173,19 @@ def main(argv: list[str] | None = None) -> int:
 
     prompts = shared_document_prompts(load_model(resolve_source(None)).tokenizer, args.docs, args.questions,
                                       args.doc_tokens)
+    colds = {}
     for dtype in args.dtypes.split(","):
-        for key, value in measure(dtype, prompts, args.max_tokens, args.kv_budget_mb).items():
+        out = measure(dtype, prompts, args.max_tokens, args.kv_budget_mb)
+        colds[dtype] = out.pop("_cold")
+        for key, value in out.items():
             print(f"{key}: {value}", flush=True)
         print(flush=True)
+    if "bf16" in colds and len(colds) > 1:  # the scale of fp8's own effect, for reference
+        later = [i for i, p in enumerate(prompts) if p.wave == 1]
+        for dtype, cold in colds.items():
+            if dtype != "bf16":
+                print(f"reference, {dtype} cold vs bf16 cold, questions 2+: "
+                      f"{compare(prompts, cold, colds['bf16'], later)}")
     return 0
 
 

@@ -7,6 +7,12 @@ with an attention mask (into spare rows of the cache when it is no longer than t
 so that joining copies only itself); every step decodes one token for every running
 request; finished requests leave at once. Greedy outputs can still differ with batch composition through
 float32 reduction order (measured in docs/serve.md).
+
+With a prefix cache (off by default; prefixcache.py) a prefill starts from the K/V of the prompt's
+longest cached prefix (never for echo with logprobs: prompt scoring computes every position) and
+computes only the rest; the prompt's full blocks are cached after it, and the cache is kept within
+the KV capacity left after running requests' reservations. A flush is answered on this thread,
+in arrival order with the requests.
 """
 
 from __future__ import annotations

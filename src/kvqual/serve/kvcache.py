@@ -26,9 +26,14 @@ setting; only `kv_fault` in /get_server_info names the fault.
   SmolLM2-135M nearly harmless (|K/V| <= ~29 fits e4m3 at scale 1.0); models with outlier
   channels past 448 break.
 
+The fault `stale-cache-block` is not a layer fault: it lives in the prefix cache's read path
+(prefixcache.py) and works with bf16 as with fp8.
+
 Layers also support the batch surgery continuous batching needs: rows join (left-padded to
 the batch) and leave (with the common left padding trimmed), each at most one copy into
-buffers with headroom, usually only of the rows that move.
+buffers with headroom, usually only of the rows that move. A prefix cache hit starts a layer
+from stored K/V and their scales (`load`, `KvCache.load_prefix`), decoding the read-back copy
+exactly as `update` does; `KvCache.stored_prefix` copies a prompt's stored blocks out.
 """
 
 from __future__ import annotations

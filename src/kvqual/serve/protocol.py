@@ -1,9 +1,10 @@
 """OpenAI-compatible request validation and response shaping (pure functions, no I/O).
 
-Requests are checked here and turned into frozen values; anything malformed raises
-`ApiError`, which the HTTP layer returns as an OpenAI-style error body. Responses are
-plain dicts in OpenAI's exact shapes so that the `openai` client parses them; streamed
-responses are the same shapes cut into chunks by `StreamChunker` (Server-Sent Events).
+Requests are checked here and turned into frozen values (vLLM's `cache_salt` included);
+anything malformed raises `ApiError`, which the HTTP layer returns as an OpenAI-style error
+body. Responses are plain dicts in OpenAI's exact shapes so that the `openai` client parses
+them (with a prefix cache, `usage.prompt_tokens_details.cached_tokens`); streamed responses
+are the same shapes cut into chunks by `StreamChunker` (Server-Sent Events).
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ def _usage(results: Sequence[Generation]) -> dict[str, Any]:
     """OpenAI's usage block; `prompt_tokens_details.cached_tokens` where the server has a prefix cache."""
     prompt = sum(len(r.prompt_ids) for r in results)
     completion = sum(len(r.output_ids) for r in results)
-    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
     if any(r.cached_tokens is not None for r in results):
         usage["prompt_tokens_details"] = {"cached_tokens": sum(r.cached_tokens or 0 for r in results)}
     return usage

@@ -68,7 +68,8 @@ def build_state(
                          enable_hierarchical_cache, hicache_size, hicache_ratio)
     store = None
     if prefix_caching:
-        host = host_capacity_tokens(capacity, per_token, hicache_size, hicache_ratio) if enable_hierarchical_cache else None
+        host = (host_capacity_tokens(capacity, per_token, hicache_size, hicache_ratio)
+                if enable_hierarchical_cache else None)
         store = PrefixCache(host, stale_blocks=fault == "stale-cache-block")
     engine = Engine(loaded, dtype, kv_scale, max_batch, limit, capacity, kv_fault=fault, prefix_cache=store)
     engine.start()
