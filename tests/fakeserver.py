@@ -30,6 +30,11 @@ Answers are deterministic functions of the prompt, so tests can predict them:
   cache admits all before outputs grow: the warm-up burst a load test must discard);
   `--token-jitter F` draws each streamed token's delay from token-delay × [1 − F, 1 + F]
   (seeded by the prompt, so runs repeat), giving throughput a real variance.
+- `--prefix-cache` is a prefix-caching server: a generation request's prompt tokens that earlier
+  prompts of the same `cache_salt` namespace shared, in whole 16-token blocks (at least the last
+  token computed), are reported as `usage.prompt_tokens_details.cached_tokens`; echo requests
+  never read the cache (vLLM v1). `--warm-noise S` perturbs the generated logprobs of a request
+  that hit the cache by a seeded amount (a broken cache path: cold requests are untouched).
 """
 
 from __future__ import annotations
@@ -62,7 +67,23 @@ class Fake:
         self.args = args
         self.counts: Counter[str] = Counter()
         self.prompt_tokens = self.generation_tokens = self.running = self.waiting = 0
+        self.prefixes: dict[str, set[tuple[str, ...]]] = {}  # cache_salt → cached block prefixes
         self.ttft_sum, self.ttft_count = 0.0, 0
+
+    BLOCK = 16
+
+    def cached(self, body: dict, tokens: list[str]) -> int | None:
+        """Prompt tokens served from the prefix cache (None: no prefix cache), then cache this prompt."""
+        if not self.args.prefix_cache:
+            return None
+        seen = self.prefixes.setdefault(str(body.get("cache_salt")), set())
+        hit = 0
+        for end in range(self.BLOCK, len(tokens), self.BLOCK):  # whole blocks, the last token computed
+            if tuple(tokens[:end]) not in seen:
+                break
+            hit = end
+        seen.update(tuple(tokens[:end]) for end in range(self.BLOCK, len(tokens) + 1, self.BLOCK))
+        return hit
 
     def account(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens += prompt_tokens
@@ -148,11 +169,13 @@ class Fake:
             lp -= self.args.logprob_noise * _h("noise:" + context[-40:] + token)
         return min(lp, -1e-4)
 
-    def logprobs(self, prior: str, tokens: list[str], k: int, first_null: bool) -> dict:
+    def logprobs(self, prior: str, tokens: list[str], k: int, first_null: bool, warm: bool = False) -> dict:
         out_lp, top, offsets = [], [], []
         context, offset = prior, len(prior) if not first_null else 0
         for i, tok in enumerate(tokens):
             lp = self.logprob(context, tok)
+            if warm and self.args.warm_noise:
+                lp = min(lp - self.args.warm_noise * _h("warm:" + context[-40:] + tok), -1e-4)
             out_lp.append(None if (first_null and i == 0) else lp)
             alts = {tok: lp}
             for j in range(1, k):
@@ -207,12 +230,13 @@ class Fake:
             tokens, finish = tokens[:max_tokens], "length"
             text = "".join(tokens)
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        hit = self.cached(body, prompt_tokens)
         if k and not self.args.no_logprobs:
-            choice["logprobs"] = self.logprobs(prompt, tokens, k, first_null=False)
+            choice["logprobs"] = self.logprobs(prompt, tokens, k, first_null=False, warm=bool(hit))
         self.account(len(prompt_tokens), len(tokens))
         if body.get("stream"):
             return await self.stream(request, body, choice, len(prompt_tokens), chat=False)
-        return _ok(body, [choice], len(prompt_tokens), len(tokens))
+        return _ok(body, [choice], len(prompt_tokens), len(tokens), cached=hit)
 
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -226,8 +250,9 @@ class Fake:
         choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
                         "logprobs": None}
         k = int(body.get("top_logprobs") or 0)
+        hit = self.cached(body, tokenize(prompt))
         if body.get("logprobs") and not self.args.no_logprobs:
-            lp = self.logprobs(prompt, tokens, max(k, 1), first_null=False)
+            lp = self.logprobs(prompt, tokens, max(k, 1), first_null=False, warm=bool(hit))
             choice["logprobs"] = {"content": [
                 {"token": t, "logprob": l, "bytes": list(t.encode()),
                  "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in top.items()][:k]}
@@ -235,7 +260,7 @@ class Fake:
         self.account(len(tokenize(prompt)), len(tokens))
         if body.get("stream"):
             return await self.stream(request, body, choice, len(tokenize(prompt)), chat=True)
-        return _ok(body, [choice], len(tokenize(prompt)), len(tokens), chat=True)
+        return _ok(body, [choice], len(tokenize(prompt)), len(tokens), chat=True, cached=hit)
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.args.model, "object": "model",
@@ -256,12 +281,15 @@ class Fake:
         return web.Response(text="ok")
 
 
-def _ok(body: dict, choices: list, prompt_tokens: int, completion_tokens: int, chat: bool = False) -> web.Response:
+def _ok(body: dict, choices: list, prompt_tokens: int, completion_tokens: int, chat: bool = False,
+        cached: int | None = None) -> web.Response:
+    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                   "total_tokens": prompt_tokens + completion_tokens}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return web.json_response({
         "id": "cmpl-fake", "object": "chat.completion" if chat else "text_completion", "created": 0,
-        "model": body.get("model", "fake"), "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens}})
+        "model": body.get("model", "fake"), "choices": choices, "usage": usage})
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
@@ -345,6 +373,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--stream-error", action="store_true")
     p.add_argument("--metrics", action="store_true")
+    p.add_argument("--prefix-cache", action="store_true")
+    p.add_argument("--warm-noise", type=float, default=0.0)
     p.add_argument("--echo-auth", action="store_true")
     p.add_argument("--max-running", type=int, default=0)
     p.add_argument("--kv-capacity-tokens", type=int, default=0)

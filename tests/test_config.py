@@ -122,7 +122,8 @@ def test_missing_file(tmp_path):
 def test_builtin_targets_when_no_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None)
-    assert cfg.builtin and set(cfg.targets) == {"bf16", "fp8", "fp8_e5m2", "fp8_broken"}
+    assert cfg.builtin and set(cfg.targets) == {"bf16", "fp8", "fp8_e5m2", "fp8_broken", "bf16_prefix",
+                                                "bf16_hicache", "fp8_hicache", "bf16_prefix_broken"}
     assert cfg.target("fp8").kv_cache_dtype == "fp8_e4m3"
     assert "--kv-cache-dtype fp8_e4m3" in builtin_targets()["fp8"].launch
 
@@ -162,3 +163,20 @@ def test_a_config_that_names_no_suites_runs_the_default_mix(tmp_path, monkeypatc
     assert not config.builtin and config.target("a").kv_cache_dtype == "q8_0"  # llama.cpp's name is accepted
     assert {s.ref.name for s in suites} == {s.ref.name for s in prepare(None, {"suites": [DEFAULT_PROFILE]}, None)[2]}
     assert sum(len(s.items) for s in suites) == 124
+
+
+def test_builtin_cache_targets_launch_the_cache_paths():
+    argv = lambda name: shlex.split(builtin_targets()[name].with_port(1).launch)[4:]  # noqa: E731
+    assert argv("bf16_prefix") == ["--kv-cache-dtype", "bf16", "--enable-prefix-caching", "--port", "1"]
+    assert "--enable-hierarchical-cache" in argv("fp8_hicache") and "fp8_e4m3" in argv("fp8_hicache")
+    assert argv("bf16_prefix_broken")[-4:-2] == ["--kv-fault", "stale-cache-block"]
+    assert builtin_targets()["bf16_hicache"].kv_cache_dtype == "bf16"
+
+
+def test_cold_is_a_boolean_target_key(tmp_path):
+    path = tmp_path / "k.toml"
+    path.write_text('[targets.a]\nbase_url = "http://127.0.0.1:8000/v1"\ncold = true\n')
+    assert load_config(path).target("a").cold
+    path.write_text('[targets.a]\nbase_url = "http://127.0.0.1:8000/v1"\ncold = "yes"\n')
+    with pytest.raises(ConfigError, match="targets.a.cold.*true or false"):
+        load_config(path)

@@ -47,8 +47,11 @@ ASK_FOR_IDS = {
     "return_token_ids": True,  # SGLang (and vLLM ≥ 0.10): choices[0].token_ids beside text tokens
 }
 
-def completion_payload(item: Item, params: GenerationParams, model: str, repeat: int = 0) -> dict[str, Any]:
-    """/v1/completions body for one item. Repeats > 0 shift the seed so samples differ."""
+def completion_payload(item: Item, params: GenerationParams, model: str, repeat: int = 0,
+                       cache_salt: str | None = None) -> dict[str, Any]:
+    """/v1/completions body for one item. Repeats > 0 shift the seed so samples differ. `cache_salt`
+    (vLLM's field, kvqual serve's too): a prefix-caching server shares cached blocks only between
+    requests with the same salt, so a salt of its own makes a request compute its prompt fresh."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(item.prompt) if isinstance(item.prompt, tuple) else item.prompt,
@@ -61,11 +64,14 @@ def completion_payload(item: Item, params: GenerationParams, model: str, repeat:
         body["logprobs"] = params.top_logprobs
         if params.token_ids:
             body.update(ASK_FOR_IDS)
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     return body
 
 
-def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int = 0) -> dict[str, Any]:
-    """/v1/chat/completions body for one item."""
+def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int = 0,
+                 cache_salt: str | None = None) -> dict[str, Any]:
+    """/v1/chat/completions body for one item (`cache_salt` as in `completion_payload`)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [dict(m) for m in item.messages or ()],
@@ -79,6 +85,8 @@ def chat_payload(item: Item, params: GenerationParams, model: str, repeat: int =
         body["top_logprobs"] = params.top_logprobs
         if params.token_ids:
             body.update(ASK_FOR_IDS)
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     return body
 
 
@@ -162,11 +170,24 @@ class Answer:
     prompt_tokens: int | None
     completion_tokens: int | None
     logprobs: TokenLogprobs | None
+    cached_tokens: int | None = None  # prompt tokens served from the server's prefix cache, where it says
 
 
 def _usage(data: Mapping[str, Any]) -> tuple[int | None, int | None]:
     usage = data.get("usage") or {}
     return usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+def cached_tokens(data: Mapping[str, Any]) -> int | None:
+    """Prompt tokens served from the prefix cache: `usage.prompt_tokens_details.cached_tokens` (OpenAI's
+    shape; vLLM with --enable-prompt-tokens-details, SGLang with --enable-cache-report, kvqual serve),
+    or SGLang's native `meta_info.cached_tokens`. None where the server does not say."""
+    details = (data.get("usage") or {}).get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    if value is None:
+        meta = data.get("meta_info")
+        value = meta.get("cached_tokens") if isinstance(meta, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _first_choice(data: Mapping[str, Any], server: str) -> Mapping[str, Any]:
@@ -305,7 +326,7 @@ def parse_completion(data: Mapping[str, Any], want_logprobs: int, server: str = 
     text = choice.get("text")
     if not isinstance(text, str):
         raise ServerContractError(f"{server}: completion choice has no text")
-    return Answer(text, choice.get("finish_reason"), prompt_tokens, completion_tokens, lp)
+    return Answer(text, choice.get("finish_reason"), prompt_tokens, completion_tokens, lp, cached_tokens(data))
 
 
 def parse_chat(data: Mapping[str, Any], want_logprobs: int, server: str = "server") -> Answer:
@@ -328,7 +349,7 @@ def parse_chat(data: Mapping[str, Any], want_logprobs: int, server: str = "serve
         )
     lp = _with_choice_token_ids(lp, choice)
     _check_logprobs(lp, want_logprobs, completion_tokens, server)
-    return Answer(text, choice.get("finish_reason"), prompt_tokens, completion_tokens, lp)
+    return Answer(text, choice.get("finish_reason"), prompt_tokens, completion_tokens, lp, cached_tokens(data))
 
 
 def parse_echo(data: Mapping[str, Any], server: str = "server") -> TokenLogprobs:

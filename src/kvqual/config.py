@@ -44,6 +44,7 @@ class Target:
     tokenizer: str | None = None  # local tokenizer folder, for teacher-forcing chat items
     launch_timeout: float = 900.0
     pinned_identity: Mapping[str, Any] | None = None  # identity before {port} was filled
+    cold: bool = False  # every request gets a cache_salt of its own: a prefix-caching server computes it fresh
 
     @property
     def base_url(self) -> str:
@@ -76,13 +77,23 @@ class Target:
         """What defines this target for run-folder hashing (no secrets, no port)."""
         if self.pinned_identity is not None:
             return dict(self.pinned_identity)
-        return {
+        out = {
             "name": self.name,
             "base_urls": list(self.base_urls),
             "model": self.model,
             "launch": self.launch,
             "kv_cache_dtype": self.kv_cache_dtype,
         }
+        if self.cold:  # targets from before the key keep their identity (and their finished runs)
+            out["cold"] = True
+        return out
+
+    def cache_salt(self, run_id: str, key: tuple[str, str, int]) -> str | None:
+        """The `cache_salt` of one request: for a cold target, one of its own (run, item, repeat),
+        so no request ever reads another's cached blocks; None otherwise (the shared namespace)."""
+        if not self.cold:
+            return None
+        return f"kvqual-cold:{run_id}:{key[0]}:{key[1]}:{key[2]}"
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,7 @@ _TARGET_TYPES: dict[str, tuple[type, ...]] = {
     "kv_cache_dtype": (str,),
     "tokenizer": (str,),
     "launch_timeout": (int, float),
+    "cold": (bool,),
 }
 
 
@@ -199,6 +211,7 @@ def _parse_target(path: str, name: str, table: Any) -> Target:
         kv_cache_dtype=dtype,
         tokenizer=table.get("tokenizer"),
         launch_timeout=float(table.get("launch_timeout", Target.launch_timeout)),
+        cold=bool(table.get("cold", False)),
     )
 
 
@@ -253,14 +266,30 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
             raise ConfigError(source, name(key), f"{problem} (got {getattr(run, key)!r})")
 
 
+# the hierarchical cache at the default KV budget (256 MB: 11.6K bf16 tokens) holds fewer tokens than
+# the `cache` profile's shared documents and the running requests need, so entries move to the host tier
+_HICACHE = " --enable-hierarchical-cache"
+
+BUILTIN_TARGETS: tuple[tuple[str, str, str], ...] = (
+    ("bf16", "bf16", ""), ("fp8", "fp8_e4m3", ""), ("fp8_e5m2", "fp8_e5m2", ""),
+    ("fp8_broken", "fp8_e4m3", " --kv-fault ignore-scale-on-read"),
+    ("bf16_prefix", "bf16", " --enable-prefix-caching"),
+    ("bf16_hicache", "bf16", _HICACHE),
+    ("fp8_hicache", "fp8_e4m3", _HICACHE),
+    ("bf16_prefix_broken", "bf16", " --enable-prefix-caching --kv-fault stale-cache-block"),
+)
+
+
 def builtin_targets() -> dict[str, Target]:
     """bf16 / fp8 (e4m3) / fp8_e5m2 on the reference server, launched on a free port; and
     `fp8_broken`, e4m3 with a kernel that ignores the scale on read (`--kv-fault
-    ignore-scale-on-read`): a silent field failure, reported as fp8_e4m3, that a comparison must FAIL."""
+    ignore-scale-on-read`): a silent field failure, reported as fp8_e4m3, that a comparison must FAIL.
+    The cache paths (docs/cache.md): `bf16_prefix` (prefix cache on), `bf16_hicache` / `fp8_hicache`
+    (the hierarchical cache: evicted blocks go to a host tier and come back), and
+    `bf16_prefix_broken` (a warm hit reads stale blocks: the cache-path probe must FAIL)."""
     py = shlex.quote(sys.executable)
     targets = {}
-    for name, dtype, extra in (("bf16", "bf16", ""), ("fp8", "fp8_e4m3", ""), ("fp8_e5m2", "fp8_e5m2", ""),
-                               ("fp8_broken", "fp8_e4m3", " --kv-fault ignore-scale-on-read")):
+    for name, dtype, extra in BUILTIN_TARGETS:
         targets[name] = Target(
             name=name,
             base_urls=("http://127.0.0.1:{port}/v1",),

@@ -135,6 +135,7 @@ class Sample:
     itl_s: float | None = None  # mean time between later tokens ((last − first) / (n − 1)), streamed only
     base_url: str | None = None  # the replica that answered
     context_id: str | None = None  # items sharing a context form a cluster for error bars
+    cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not reported)
 
     @property
     def ok(self) -> bool:

@@ -107,6 +107,18 @@ def plan_units(suites: tuple[LoadedSuite, ...], repeats: int, seed: int, fractio
     return units
 
 
+def cache_waves(units: list[Unit]) -> list[list[Unit]]:
+    """The units in the waves a cache-path suite asks for (item meta `cache_wave`, docs/cache.md):
+    every unit of wave 0 is answered before wave 1 is sent, so that a later use of a shared prefix
+    finds it in a prefix-caching server's cache (requests scheduled in the same step would not).
+    Units without the key are wave 0; each wave keeps the seeded order. One wave when none asks."""
+    waves: dict[int, list[Unit]] = {}
+    for unit in units:
+        wave = unit[0].meta.get("cache_wave", 0) if unit[0].meta else 0
+        waves.setdefault(wave if isinstance(wave, int) else 0, []).append(unit)
+    return [waves[w] for w in sorted(waves)] or [[]]
+
+
 @dataclass
 class RunStats:
     total: int
@@ -139,14 +151,16 @@ def closed_before_response(exc: BaseException) -> bool:
 
 
 async def request_one(transport: Transport, item: Item, repeat: int, params: GenerationParams, model: str,
-                      retries: int, rng: random.Random) -> tuple[Sample, int]:
+                      retries: int, rng: random.Random, cache_salt: str | None = None) -> tuple[Sample, int]:
     """One item, retried on transient failures; a final failure is recorded, never answered.
     Returns the sample and how many times it was sent again after a close before any response
-    (reconnects: not attempts, and not counted against `retries`)."""
+    (reconnects: not attempts, and not counted against `retries`). `cache_salt`: sent as vLLM's
+    `cache_salt` (a target with `cold = true` gives every request its own: never a cache hit)."""
     if item.api == "chat":
-        path, body, parse = "/chat/completions", chat_payload(item, params, model, repeat), parse_chat
+        path, body, parse = "/chat/completions", chat_payload(item, params, model, repeat, cache_salt), parse_chat
     else:
-        path, body, parse = "/completions", completion_payload(item, params, model, repeat), parse_completion
+        path, body, parse = ("/completions", completion_payload(item, params, model, repeat, cache_salt),
+                             parse_completion)
     attempts = reconnects = 0
     while True:
         attempts += 1
@@ -186,7 +200,7 @@ async def request_one(transport: Transport, item: Item, repeat: int, params: Gen
             completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
             latency_s=time.perf_counter() - t0, started_at=started, attempts=attempts, logprobs=answer.logprobs,
             score=_score(item, answer.text), base_url=transport.base_url, context_id=item.context_id,
-            ttft_s=ttft, itl_s=itl,
+            ttft_s=ttft, itl_s=itl, cached_tokens=answer.cached_tokens,
         ), reconnects
 
 
@@ -281,8 +295,9 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
             slot = min(range(len(transports)), key=in_flight.__getitem__)  # least-loaded replica
             in_flight[slot] += 1
             try:
+                salt = plan.target.cache_salt(plan.run_id, (item.suite, item.id, repeat))
                 sample, reconnects = await request_one(transports[slot], item, repeat, plan.params, plan.model,
-                                                       run.retries, rng)
+                                                       run.retries, rng, salt)
             except ServerContractError as exc:
                 abort.append(exc)
                 return
@@ -319,9 +334,11 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
                 for sample in await asyncio.to_thread(_lmeval_samples, plan, suite, run):
                     store.append(sample)
                     total += 1
-        await asyncio.gather(*(worker() for _ in range(max(1, min(run.concurrency, len(units))))))
-        if abort:
-            raise abort[0]
+        for wave in cache_waves(units):  # a wave's prefixes are in the server's cache before the next is sent
+            iterator = iter(wave)
+            await asyncio.gather(*(worker() for _ in range(max(1, min(run.concurrency, len(wave))))))
+            if abort:
+                raise abort[0]
         status = "complete" if len(store.done) >= all_units else "partial"
     finally:
         bar.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -19,8 +19,8 @@ from kvqual.compare import positions as pos
 from kvqual.compare import stats as st
 from kvqual.compare import tokens as tk
 from kvqual.compare.teacher import Forced
-from kvqual.gate import (AccuracyPairs, GateInputs, LengthPairs, RatePairs, RequestCounts, TokenCoverage,
-                         TokenPairs)
+from kvqual.gate import (AccuracyPairs, CachePairs, GateInputs, LengthPairs, RatePairs, RequestCounts,
+                         TokenCoverage, TokenPairs)
 from kvqual.gate.criteria import CONTEXT_PREFIX
 from kvqual.records import Sample
 
@@ -51,6 +51,7 @@ class Arm:
     samples: Mapping[Key, Sample]
     forced: Forcing = field(default_factory=lambda: Forcing({}))  # the baseline's completions forced on this arm's server
     tokens: pos.TokenArrays | None = None  # the samples' generated tokens as codes (else their logprobs)
+    topk: Callable[[], pos.TokenArrays] | None = None  # reads the samples' top-k too (the cache probe only)
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -219,6 +220,81 @@ def loop_flags(samples: Mapping[Key, Sample]) -> dict[Key, bool]:
     return {k: tk.text_repetition_loop(s.text or "") is not None for k, s in samples.items() if s.ok}
 
 
+CACHE_PROBE_SUITES = frozenset({"shared_prefix"})  # suites built to probe the cache path (docs/cache.md)
+
+
+def cache_states(samples: Mapping[Key, Sample]) -> dict[Key, bool]:
+    """The answered units on shared contexts whose server said how many prompt tokens came from its
+    prefix cache: True (warm: some did), False (cold: none did)."""
+    return {k: s.cached_tokens > 0 for k, s in samples.items()
+            if s.ok and s.context_id and s.cached_tokens is not None}
+
+
+@dataclass(frozen=True)
+class CacheEvidence:
+    """The cache-path probe's per-unit comparisons (docs/cache.md): on each unit of a shared context
+    the candidate reported as warm or cold, the mean KL between the candidate's teacher-forced (cold:
+    echo never reads the cache) and generated (warm or cold) distributions over the outputs' common
+    prefix, minus the same on the baseline."""
+
+    warm: dict[Key, bool]  # the candidate's units: served from its cache or not
+    cand_kl: dict[Key, float]  # KL(cand forced ‖ cand generated) over the common prefix
+    base_kl: dict[Key, float]  # KL(base forced ‖ base generated) over the same positions
+    exact: dict[Key, bool]  # the candidate's output equals the baseline's
+
+
+def cache_evidence(base: Arm, cand: Arm, keys: list[Key]) -> CacheEvidence | None:
+    """The probe's comparisons over `keys`, or None where the candidate reported no warm unit (or the
+    arms cannot read their generation top-k). Reads both arms' generation top-k once."""
+    states = cache_states({k: cand.samples[k] for k in keys if k in cand.samples})
+    if not any(states.values()) or base.topk is None or cand.topk is None or base.tokens is None or cand.tokens is None:
+        return None
+    upto: dict[Key, int] = {}
+    exact: dict[Key, bool] = {}
+    for k in states:
+        b, c = base.samples.get(k), cand.samples[k]
+        if b is None or not b.ok or k not in base.tokens.index or k not in cand.tokens.index:
+            continue
+        tb, tc = base.tokens.tokens_of(k), cand.tokens.tokens_of(k)
+        d = pos.first_divergence(tb, tc)
+        n = min(tb.size, tc.size)
+        exact[k] = d is None
+        upto[k] = n if d is None else min(d + 1, n)  # at the first differing token the contexts still agree
+    base_top, cand_top = base.topk(), cand.topk()
+    forced_b = {k: n for k, n in upto.items() if usable(base.forced, k)}
+    forced_c = {k: n for k, n in upto.items() if usable(cand.forced, k)}
+    base_kl = pos.kl_upto(base.forced.arrays, base_top, forced_b)
+    cand_kl = pos.kl_upto(cand.forced.arrays, cand_top, forced_c)
+    return CacheEvidence({k: states[k] for k in upto}, cand_kl, base_kl, exact)
+
+
+def cache_pairs(ev: CacheEvidence | None, base: Arm, cand: Arm, keys: list[Key]) -> CachePairs | None:
+    """The gate's cache-path input over `keys`; None when the compare holds no probe (no warm unit
+    reported and no probe suite)."""
+    probe = any(k[0] in CACHE_PROBE_SUITES for k in keys)
+    role = "primary" if probe else "guard"
+    chosen = set(keys)
+    if ev is None or not any(w for k, w in ev.warm.items() if k in chosen):
+        if not probe:
+            return None
+        reported = any(cand.samples[k].cached_tokens is not None for k in keys if k in cand.samples)
+        why = ("no request of the candidate was served from its prefix cache" if reported else
+               "the candidate does not report cached prompt tokens (vLLM: --enable-prompt-tokens-details; "
+               "SGLang: --enable-cache-report)")
+        return CachePairs([], [], [], role=role, note=why)
+    rows = [k for k in sorted(chosen) if k in ev.warm and k in ev.cand_kl and k in ev.base_kl]
+    warm = [ev.warm[k] for k in rows]
+    n_warm, n_cold = sum(warm), len(warm) - sum(warm)
+    exact_w = [ev.exact[k] for k in rows if ev.warm[k]]
+    exact_c = [ev.exact[k] for k in rows if not ev.warm[k]]
+    note = (f"{n_warm} warm and {n_cold} cold units; same output as the baseline: warm "
+            f"{np.mean(exact_w):.0%}" if exact_w else f"{n_warm} warm and {n_cold} cold units")
+    if exact_c:
+        note += f", cold {np.mean(exact_c):.0%}"
+    return CachePairs([ev.cand_kl[k] - ev.base_kl[k] for k in rows], warm,
+                      _clusters([cand.samples[k] for k in rows]), role=role, note=note)
+
+
 @dataclass(frozen=True)
 class TokenEvidence:
     """The teacher-forced comparisons a judge computes once, which every look then reuses."""
@@ -229,6 +305,7 @@ class TokenEvidence:
     again: Mapping[Key, Forced]
     ab_means: dict[Key, tuple[float, float]]  # per pair: mean KL, mean same-top-1
     aa_means: dict[Key, tuple[float, float]]
+    cache: CacheEvidence | None = None  # the cache-path probe, where the candidate reported warm units
 
 
 def _means(pp: pos.PairPositions | None) -> dict[Key, tuple[float, float]]:
@@ -238,15 +315,17 @@ def _means(pp: pos.PairPositions | None) -> dict[Key, tuple[float, float]]:
 
 
 def token_evidence(base: Arm, cand: Arm, again: Forcing | None, keys: list[Key]) -> TokenEvidence:
-    """Both comparisons, each pass's arrays released once it is no longer needed."""
+    """Both comparisons (and the cache probe's), each pass's arrays released once it is no longer needed."""
     ab = forced_pairs(base.forced, cand.forced, keys)
+    cache = cache_evidence(base, cand, keys)
     cand.forced.arrays.release()
     aa = forced_pairs(base.forced, again, keys) if again is not None and again.records else None
     reproduced = again is not None and floor_reproduced(base.forced, again) and len(again.records) >= MIN_REPRODUCED
     for forcing in (again, base.forced):
         if forcing is not None:
             forcing.arrays.release()
-    return TokenEvidence(ab, aa, reproduced, again.records if again is not None else {}, _means(ab), _means(aa))
+    return TokenEvidence(ab, aa, reproduced, again.records if again is not None else {}, _means(ab), _means(aa),
+                         cache)
 
 
 def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None,
@@ -280,14 +359,15 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
                 [event(a, lb) for a, _ in aa_all] if len(aa_all) >= 2 else None,
                 [event(b, la) for _, b in aa_all] if len(aa_all) >= 2 else None,
                 _clusters([a for a, _ in aa_all]) if len(aa_all) >= 2 else None))
-    tokens, coverage = None, TokenCoverage(requested=False)
+    tokens, coverage, cache = None, TokenCoverage(requested=False), None
     if teacher_forcing:
         pair_keys = [a.key for a, _ in ab_all]
         evidence = evidence or token_evidence(base, cand, base_forced_again, pair_keys)
         tokens, coverage = _token_pairs(base, cand, evidence, pair_keys)
+        cache = cache_pairs(evidence.cache, base, cand, pair_keys)
     return GateInputs(
         accuracy=tuple(accuracy), lengths=lengths, lengths_floor=floor, tokens=tokens, coverage=coverage,
-        rates=tuple(rates),
+        rates=tuple(rates), cache=cache,
         base_requests=RequestCounts(sum(1 for k in keys if k in base.samples and not base.samples[k].ok),
                                     sum(1 for k in keys if k in base.samples)),
         cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys)),

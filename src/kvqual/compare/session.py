@@ -216,9 +216,11 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     judged = set(order[: sizes[-1]])
     base_s, aa_s = _keys_in(base_s, judged), (_keys_in(aa_s, judged) if aa_s is not None else None)
     arm_b = mx.Arm(base_s, _forcing(teacher_file(base_dir, bm.run_id), forced_b),
-                   pos.load(base_dir / SAMPLES, base_s, top_k=False))
+                   pos.load(base_dir / SAMPLES, base_s, top_k=False),
+                   lambda: pos.load(base_dir / SAMPLES, base_s))  # top-k: read only for the cache probe
     arm_c = mx.Arm(cand_s, _forcing(teacher_file(base_dir, cm.run_id), forced_c),
-                   pos.load(cand_dir / SAMPLES, cand_s, top_k=False))
+                   pos.load(cand_dir / SAMPLES, cand_s, top_k=False),
+                   lambda: pos.load(cand_dir / SAMPLES, cand_s))
     arm_a = mx.Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_dir and aa_s is not None else None
     again = _forcing(teacher_file(base_dir, bm.run_id, True), forced_b2) if forced_b2 else None
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})

@@ -18,8 +18,8 @@ import numpy as np
 from scipy import stats
 
 from kvqual.compare import stats as st
-from kvqual.gate.inputs import (AccuracyPairs, LengthPairs, RatePairs, RequestCounts, TokenCoverage, TokenPairs,
-                                n_clusters)
+from kvqual.gate.inputs import (AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, TokenCoverage,
+                                TokenPairs, n_clusters)
 from kvqual.gate.policy import GatePolicy
 
 Status = Literal["pass", "fail", "inconclusive", "not_evaluated"]
@@ -310,6 +310,34 @@ def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
         floor_txt = f"A/A floor {f.mean():+.3f} over {rp.floor_base.size} pairs"
     detail = f"rate base {rp.base.mean():.1%} → cand {rp.cand.mean():.1%}; {floor_txt}"
     return one_sided(name, None, "at_most", bound, est, math.sqrt(var), g - 1, g, level, detail, m, "guard", unit)
+
+
+def cache_path(cp: CachePairs, policy: GatePolicy, level: float, m: int) -> Criterion:
+    """The cache path (docs/cache.md): within each shared context that has both, the mean value of
+    its warm units minus that of its cold ones; at most `max_cache_kl_excess` over the contexts
+    (one-sided t, each context one unit). A warm path that reads wrong K/V raises only its warm
+    units' values; what the generation and teacher-forcing paths differ by anyway, on either arm,
+    is on both sides of the contrast and cancels."""
+    bound, role = policy.max_cache_kl_excess, cp.role  # type: ignore[assignment]
+    if cp.values.size == 0:
+        return Criterion("cache_path", None, "inconclusive", "at_most", None, bound, detail=cp.note or "no probe units",
+                         role=role, unit="contexts")  # type: ignore[arg-type]
+    names = cp.clusters.astype(str) if cp.clusters is not None else np.array([f"u{i}" for i in range(cp.values.size)])
+    contrasts = []
+    for c in np.unique(names):
+        mine = names == c
+        w, k = cp.values[mine & cp.warm], cp.values[mine & ~cp.warm]
+        if w.size and k.size:
+            contrasts.append(float(w.mean() - k.mean()))
+    e = np.asarray(contrasts)
+    detail = f"{cp.note}; {e.size} contexts with warm and cold units"
+    if e.size < 2:
+        return Criterion("cache_path", None, "inconclusive", "at_most", None, bound, n=int(e.size),
+                         detail=detail + " (2 are needed)", role=role, unit="contexts")  # type: ignore[arg-type]
+    se = st.mean_ci(e).se if np.any(e != e[0]) else 0.0
+    return one_sided("cache_path", None, "at_most", bound, float(e.mean()), se, e.size - 1, int(e.size), level,
+                     detail + "; warm − cold KL(forced ‖ generated) per context, beyond the baseline's", m,
+                     role, "contexts")  # type: ignore[arg-type]
 
 
 def failed(arm: str, counts: RequestCounts, policy: GatePolicy, level: float) -> Criterion:

@@ -121,6 +121,24 @@ class TokenCoverage:
 
 
 @dataclass(frozen=True)
+class CachePairs:
+    """The cache-path probe (docs/cache.md): per unit of a shared context, how far the candidate's
+    generated distributions sit from its own cold teacher-forced ones beyond the baseline's same
+    distance (`values`), and whether the candidate served that unit from its prefix cache (`warm`).
+    The criterion contrasts warm and cold units within each shared context. `role`: "primary"
+    when the compare runs a probe suite, else "guard"; `note`: how many units, or why none."""
+
+    values: np.ndarray
+    warm: np.ndarray
+    clusters: np.ndarray | None = None
+    role: str = "guard"
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        _freeze(self, {"values": float, "warm": bool})
+
+
+@dataclass(frozen=True)
 class RequestCounts:
     """Failed and total requests of one arm."""
 
@@ -142,3 +160,4 @@ class GateInputs:
     cand_requests: RequestCounts | None = None
     base_throughput: np.ndarray | None = None  # per-request tokens/s
     cand_throughput: np.ndarray | None = None
+    cache: CachePairs | None = None  # the cache-path probe; None: the compare has none

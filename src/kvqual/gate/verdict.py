@@ -85,6 +85,8 @@ def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.G
                                      1 + policy.max_length_drift, "no paired lengths"))
     bounds = {"truncation": policy.max_trunc_excess, "loop": policy.max_loop_excess}
     out.extend(cr.rate_excess(rp, bounds[rp.name], level, m) for rp in inputs.rates)
+    if inputs.cache is not None:
+        out.append(cr.cache_path(inputs.cache, policy, level, m))
     if inputs.base_throughput is not None and inputs.cand_throughput is not None:
         out.append(cr.speedup(inputs.base_throughput, inputs.cand_throughput, policy, level, m))
     return out

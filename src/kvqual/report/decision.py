@@ -14,6 +14,7 @@ _SHORT_LABEL = {
     "top1_loss": "same-top-1 loss", "length_ratio": "the output length ratio", "truncation_excess": "the truncation rate",
     "loop_excess": "the repetition-loop rate", "failed_rate_baseline": "the baseline's failed-request rate",
     "failed_rate_candidate": "the candidate's failed-request rate", "speedup": "the throughput ratio",
+    "cache_path": "the cache path (warm against cold)",
 }
 _FAIL_HINT = {
     "kl_excess": "its token distributions moved, so check the candidate's KV-cache scales (1.0 everywhere means "
@@ -24,6 +25,8 @@ _FAIL_HINT = {
     "loop_excess": "more of its outputs loop, so look for repetition among the samples below",
     "failed_rate": "requests failed, so read that server's log and run again",
     "speedup": "it is not as much faster as min_speedup asks",
+    "cache_path": "answers served from its prefix cache differ from the same prompts computed fresh, so check "
+                  "how cached blocks are reused (prefix caching, the hierarchical cache's host tier) with this KV dtype",
 }
 
 
@@ -56,7 +59,7 @@ class Decision:
 
 def _hint(name: str) -> str:
     for key in ("kl_excess", "top1_loss", "accuracy", "length_ratio", "truncation_excess", "loop_excess",
-                "failed_rate", "speedup"):
+                "failed_rate", "speedup", "cache_path"):
         if name.startswith(key):
             return _FAIL_HINT["kl_excess" if key == "top1_loss" else key]
     return "read the criteria and samples below"

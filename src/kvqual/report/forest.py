@@ -63,6 +63,7 @@ FOREST_LABEL = {
     "loop_excess": "repetition-loop rate beyond A/A floor", "failed_rate_baseline": "failed requests, baseline",
     "failed_rate_candidate": "failed requests, candidate", "failed_rate_base": "failed requests, baseline",
     "failed_rate_cand": "failed requests, candidate", "speedup": "throughput ratio (cand / base)",
+    "cache_path": "cache path: warm − cold KL per context",
 }
 
 

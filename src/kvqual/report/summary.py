@@ -33,6 +33,7 @@ CRITERION_LABEL = {
     "failed_rate_baseline": "failed-request rate, baseline",
     "failed_rate_candidate": "failed-request rate, candidate",
     "speedup": "throughput ratio (cand / base)",
+    "cache_path": "cache path: warm − cold KL per shared context",
 }
 
 
@@ -164,7 +165,7 @@ def fmt_num(value: Any) -> str:
 Quantity = Literal["points", "percent", "nats", "ratio"]
 _QUANTITY: Mapping[str, Quantity] = {
     "accuracy": "points", "accuracy_pooled": "points", "truncation_excess": "points", "loop_excess": "points",
-    "top1_loss": "points", "kl_excess": "nats", "length_ratio": "ratio", "speedup": "ratio",
+    "top1_loss": "points", "kl_excess": "nats", "length_ratio": "ratio", "speedup": "ratio", "cache_path": "nats",
 }
 _SCALE: Mapping[str, float] = {"points": 100.0, "percent": 100.0, "nats": 1.0, "ratio": 1.0}
 UNIT_TEXT: Mapping[str, str] = {"points": " points", "percent": "%", "nats": " nats/token", "ratio": "×"}

@@ -13,6 +13,7 @@ import argparse
 import os
 import random
 import sys
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -115,6 +116,19 @@ def _needles_item(suite: str, lengths: tuple[int, ...], seed: int, i: int, per_d
                 scorer="passkey", max_tokens=24, category=f"len{length}",
                 context_id=f"{suite}-doc{doc_index:04d}",
                 meta={"length_tokens": length, "depth": depths[q], "needles": per_doc})
+
+
+SHARED_PER_DOC = 4  # questions per shared document in `shared_prefix`: the first is cold, the rest warm
+
+
+def _shared_prefix_item(suite: str, seed: int, i: int) -> Item:
+    """A question about a document three others share word for word: the cache-path probe
+    (docs/cache.md). The document comes first and the question last, so the rendered prompts share
+    every token up to the question; the first question of a document is wave 0 (sent, and answered,
+    before the others: cold on a prefix-caching server), the others wave 1 (warm)."""
+    item = _needles_item(suite, (768, 1536), seed, i, per_doc=SHARED_PER_DOC)
+    wave = 0 if i % SHARED_PER_DOC == 0 else 1
+    return dataclasses.replace(item, meta={**item.meta, "cache_wave": wave})
 
 
 def _kv_item(suite: str, seed: int, i: int, per_table: int = 2) -> Item:
@@ -240,6 +254,9 @@ BUILTIN_SUITES: dict[str, BuiltinSuite] = {
         BuiltinSuite("needles", "multi-needle retrieval: 3 secret numbers per 512/1K-token "
                      "document, one question each (clustered by document)", "passkey", 24,
                      lambda n, s, i: _needles_item(n, (512, 1024), s, i)),
+        BuiltinSuite("shared_prefix", "cache-path probe: 4 questions on each 768/1.5K-token document "
+                     "(the same tokens up to the question); the first of each is sent first (cold), the "
+                     "other 3 after it (warm on a prefix-caching server)", "passkey", 48, _shared_prefix_item),
         BuiltinSuite("kv_recall", "key-value recall: a table of 2/4/8 word→number pairs, "
                      "2 questions per table", "passkey", 36, _kv_item),
         BuiltinSuite("long_decode", "long decode: copy 6/10 random words, count 15/30 numbers; the "
@@ -263,6 +280,8 @@ PROFILES: dict[str, tuple[ProfileEntry, ...]] = {
     # suites keep their 512/1K-token items; 2K-token pass keys (bf16 gets 0/6) stay in thorough.
     "default": (("passkey", 8, ("len512", "len1024")), ("needles", 6, ("len512",)),
                 ("kv_recall", 24, ()), ("long_decode", 16, ()), ("arith", 40, ()), ("instruct", 30, ())),
+    # the cache-path probe (docs/cache.md): 12 shared documents, 4 questions each
+    "cache": (("shared_prefix", 48, ()),),
     "thorough": (("passkey", 72, ()), ("passkey_long", 12, ()), ("needles", 48, ()), ("kv_recall", 72, ()),
                  ("long_decode", 48, ()), ("arith", 150, ()), ("instruct", 100, ())),
 }
