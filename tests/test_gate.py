@@ -10,6 +10,7 @@ import pytest
 
 from kvqual.compare import stats as st
 from kvqual.errors import ConfigError
+from kvqual.gate import criteria as cr
 from kvqual.gate import (
     AccuracyPairs, GateInputs, GatePolicy, LengthPairs, RatePairs, RequestCounts, TokenCoverage, TokenPairs, Verdict,
     decide, decide_sequence,
@@ -326,3 +327,22 @@ def test_verdict_to_json_is_strict_json() -> None:
     assert data["policy"]["accuracy_margin"] == 0.05
     assert {c["name"] for c in data["criteria"]} >= {"accuracy", "accuracy_pooled", "kl_excess", "length_ratio",
                                                       "failed_rate_candidate"}
+
+
+def test_n_more_of_a_skewed_token_criterion_inverts_the_bound_that_decides_it() -> None:
+    # right-skewed per-item KL whose mean sits inside the bound: the pass side tests with the SE under
+    # the null, so n_more must invert *that* test. Holding the sample's shape and mean (the same
+    # items cycled), n_more more items pass and half as many more do not.
+    rng = np.random.default_rng(7)
+    kl = rng.lognormal(-6.5, 1.6, size=40)
+    kl *= 0.006 / kl.mean()
+
+    def judged(n: int) -> cr.Criterion:
+        values = np.resize(kl, n)
+        values *= 0.006 / values.mean()
+        return cr.skew_corrected("kl_excess", 0.012, values, np.zeros(n), None, 0.05, "", 8, True)
+
+    c = judged(40)
+    assert c.status == "inconclusive" and c.p_pass >= 0.05 and c.n_more is not None and c.n_more >= 4
+    assert judged(40 + c.n_more).p_pass < 0.05
+    assert judged(40 + c.n_more // 2).p_pass >= 0.05

@@ -124,16 +124,18 @@ def skew_corrected(name: str, bound: float, cand: np.ndarray, floor: np.ndarray,
     q = _quantile(level, df)
     low = est - se * st.hall_inverse(q, skew, g)
     high = est - se * st.hall_inverse(-q, skew, g)
+    sd = se * math.sqrt(g)  # what n_more scales: the spread the deciding bound is built from
     if se > 0 and cand.mean() > 0:
         p_pass = _cdf(st.null_scaled_z(cand, floor, bound, cl, hall_on_pass), df)
         high = st.null_scaled_upper(cand, floor, level, df, cl, hall_on_pass)
         detail += f"; skewness {skew:.2f}: upper bound on the SE under the null" + \
             (", Hall-corrected" if hall_on_pass else "")
+        if est < bound and 0 < p_pass < 0.5:  # the pass side decides on the SE under the null: invert that test
+            sd = (bound - est) / _quantile(p_pass, df) * math.sqrt(g)
     elif skew:
         detail += f"; skewness {skew:.2f} (Hall-corrected t)"
     return Criterion(name, None, "inconclusive", "at_most", None, bound, est, low, high, 1 - 2 * level, p_pass, p_fail,
-                     None, g, _n_more(est, se * math.sqrt(g), g, bound, est < bound, level, m), detail, "primary",
-                     unit, level)
+                     None, g, _n_more(est, sd, g, bound, est < bound, level, m), detail, "primary", unit, level)
 
 
 def one_sided(name: str, suite: str | None, direction: Direction, bound: float, est: float, se: float, df: float,
