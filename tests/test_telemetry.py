@@ -81,3 +81,13 @@ def test_a_server_that_queues_makes_speed_a_queue_figure():
     assert queueing({"waiting_mean": 0.3, "running_peak": 32.0}, 32) is None  # a brief queue is not the figure
     assert queueing({"running_peak": 4.0}, 32) is None  # no waiting gauge: not seen (docs/speed.md)
     assert queueing(None, 32) is None
+
+
+def test_prefix_cache_figures_are_token_deltas_and_a_hit_rate():
+    first = snapshot(parse_prometheus("vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 10\n"))
+    last = snapshot(parse_prometheus("vllm:prefix_cache_queries_total 1100\nvllm:prefix_cache_hits_total 760\n"))
+    out = summarize(first, last, {}, wall_s=1.0, source="vllm", scrapes=2)
+    assert out["prefix_cache_queries"] == 1000 and out["prefix_cache_hits"] == 750 and out["prefix_hit_rate"] == 0.75
+    assert out["host_hits"] is None  # vLLM has no host tier figure
+    plain = summarize({}, {}, {}, wall_s=1.0, source="vllm", scrapes=2)
+    assert "prefix_hit_rate" not in plain  # a server without a prefix cache gets no row

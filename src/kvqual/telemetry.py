@@ -34,12 +34,17 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     # requests the server accepted but does not run yet: queued behind its own parallelism
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "kvqual_serve:num_queued_reqs",
                 "llamacpp:requests_deferred"),
+    # prefix cache, in prompt tokens: looked up, served from cache, served after a load back from the host tier
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "kvqual_serve:prefix_cache_queries_total"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "kvqual_serve:prefix_cache_hits_total"),
+    "host_hits": ("kvqual_serve:hicache_host_hits_total",),
+    "cache_hit_rate": ("sglang:cache_hit_rate", "kvqual_serve:cache_hit_rate"),  # a gauge (SGLang's only figure)
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
             "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
 }
-COUNTERS = ("prompt_tokens", "generation_tokens")
-GAUGES = ("kv_usage", "running", "waiting")
+COUNTERS = ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "host_hits")
+GAUGES = ("kv_usage", "running", "waiting", "cache_hit_rate")
 HISTOGRAMS = ("ttft", "itl")
 
 
@@ -94,6 +99,10 @@ def summarize(first: Mapping[str, float], last: Mapping[str, float], gauges: Map
         "prompt_tokens": delta("prompt_tokens"), "generation_tokens": gen,
         "gen_tok_s": _round(gen / wall_s, 2) if gen is not None and wall_s > 0 else None,
     }
+    queries, hits = delta("prefix_queries"), delta("prefix_hits")
+    if queries is not None and hits is not None:  # only servers with a prefix cache export these
+        out.update(prefix_cache_queries=queries, prefix_cache_hits=hits, host_hits=delta("host_hits"),
+                   prefix_hit_rate=_round(hits / queries) if queries else None)
     for ours in GAUGES:
         values = gauges.get(ours) or []
         out[f"{ours}_peak"] = _round(max(values)) if values else None

@@ -483,6 +483,9 @@ def speed_rows(report: Mapping[str, Any]) -> list[ArmRow]:
         ("kv_usage_peak", "server: KV cache usage peak"),
         ("kv_usage_mean", "server: KV cache usage mean"),
         ("running_peak", "server: running requests peak"),
+        ("prefix_hit_rate", "server: prefix-cache hit rate (prompt tokens)"),
+        ("host_hits", "server: prompt tokens served from the host tier"),
+        ("cache_hit_rate_peak", "server: cache hit rate (gauge, peak)"),
         ("ttft_mean_s", "server: time to first token mean (s)"),
         ("itl_mean_s", "server: inter-token latency mean (s)"),
     )
