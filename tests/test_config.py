@@ -167,7 +167,8 @@ def test_a_config_that_names_no_suites_runs_the_default_mix(tmp_path, monkeypatc
 
 def test_builtin_cache_targets_launch_the_cache_paths():
     argv = lambda name: shlex.split(builtin_targets()[name].with_port(1).launch)[4:]  # noqa: E731
-    assert argv("bf16_prefix") == ["--kv-cache-dtype", "bf16", "--enable-prefix-caching", "--port", "1"]
+    assert argv("bf16_prefix") == ["--kv-cache-dtype", "bf16", "--enable-prefix-caching", "--kv-budget-mb", "1024",
+                                   "--port", "1"]
     assert "--enable-hierarchical-cache" in argv("fp8_hicache") and "fp8_e4m3" in argv("fp8_hicache")
     assert argv("bf16_prefix_broken")[-4:-2] == ["--kv-fault", "stale-cache-block"]
     assert builtin_targets()["bf16_hicache"].kv_cache_dtype == "bf16"

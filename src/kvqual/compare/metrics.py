@@ -223,11 +223,26 @@ def loop_flags(samples: Mapping[Key, Sample]) -> dict[Key, bool]:
 CACHE_PROBE_SUITES = frozenset({"shared_prefix"})  # suites built to probe the cache path (docs/cache.md)
 
 
+WARM_SHARE, COLD_SHARE = 0.5, 0.1  # cached share of the prompt: at least → warm, at most → cold
+
+
+def cache_state(s: Sample) -> bool | None:
+    """Warm (True), cold (False) or neither (None) by the share of its prompt the server said it
+    served from its prefix cache. Not "any hit": every prompt after the first shares the chat
+    template's few blocks with every other (32 of ~1,000 tokens on the probe's), so a unit is warm
+    when most of its prompt came from cache and cold when almost none did; between, it is left out."""
+    if not s.ok or not s.context_id or s.cached_tokens is None:
+        return None
+    if not s.prompt_tokens:
+        return s.cached_tokens > 0
+    share = s.cached_tokens / s.prompt_tokens
+    return True if share >= WARM_SHARE else False if share <= COLD_SHARE else None
+
+
 def cache_states(samples: Mapping[Key, Sample]) -> dict[Key, bool]:
-    """The answered units on shared contexts whose server said how many prompt tokens came from its
-    prefix cache: True (warm: some did), False (cold: none did)."""
-    return {k: s.cached_tokens > 0 for k, s in samples.items()
-            if s.ok and s.context_id and s.cached_tokens is not None}
+    """The answered units on shared contexts that were clearly warm (True) or cold (False)."""
+    states = {k: cache_state(s) for k, s in samples.items()}
+    return {k: v for k, v in states.items() if v is not None}
 
 
 @dataclass(frozen=True)
