@@ -121,3 +121,20 @@ def test_common_prefix_is_the_first_differing_character() -> None:
     for _ in range(2000):
         a, b = ("".join(rng.choice(list("ab"), int(rng.integers(0, 20)))) for _ in range(2))
         assert common_prefix(a, b) == len(os.path.commonprefix([a, b]))
+
+
+def test_kl_upto_compares_up_to_the_first_differing_token_and_no_further() -> None:
+    rng = np.random.default_rng(5)
+    vocab = [f"token_id:{i}" for i in range(20)]
+    forced = {("s", str(i), 0): _record(rng, 8, vocab) for i in range(3)}
+    generated = {k: _perturb(rng, lp, vocab) for k, lp in forced.items()}
+    key = ("s", "1", 0)  # its generation parts from the forced tokens at position 3
+    g = generated[key]
+    other = "token_id:19" if g.tokens[3] != "token_id:19" else "token_id:18"
+    generated[key] = TokenLogprobs(g.tokens[:3] + (other,) + g.tokens[4:], g.token_logprobs, g.top_logprobs)
+    a, b = pos.from_logprobs(_wrap(forced)), pos.from_logprobs(_wrap(generated))
+    out = pos.kl_upto(a, b, {("s", "0", 0): 8, key: 4, ("s", "2", 0): 9})
+    expect = np.mean([tk.topk_kl(forced[key].top_logprobs[j], generated[key].top_logprobs[j]) for j in range(4)])
+    assert out[key] == pytest.approx(expect, rel=1e-5)  # position 3 (the differing token) is compared
+    assert ("s", "2", 0) not in out  # asks for more positions than there are
+    assert pos.kl_upto(a, b, {key: 5}) == {}  # past the differing token the contexts differ: left out

@@ -390,16 +390,19 @@ def compare_forced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> PairP
 
 def kl_upto(a: TokenArrays, b: TokenArrays, upto: Mapping[Key, int]) -> dict[Key, float]:
     """Per key, the mean KL(a‖b) over its first `upto[key]` positions, where both files hold that
-    many positions with top-k lists and the same tokens there (other keys are left out). The cache
-    probe compares a teacher-forced file with a generation file this way: up to the first token
-    where two outputs part, the contexts are the same (docs/cache.md)."""
+    many positions with top-k lists and the same tokens before the last of them (the last may
+    differ: what is compared there is the distribution, whose context is the tokens before it);
+    other keys are left out. The cache probe compares a teacher-forced file with a generation file
+    this way, up to and including the first token where two outputs part (docs/cache.md)."""
     keys = [k for k, n in upto.items() if n > 0 and k in a.index and k in b.index]
     ra, rb = a.rows(keys), b.rows(keys)
     want = np.fromiter((upto[k] for k in keys), dtype=np.int64, count=len(keys))
     ok = (a.lengths(ra) >= want) & (b.lengths(rb) >= want) & a.top_ok[ra] & b.top_ok[rb] if keys else np.zeros(0, bool)
     n = np.where(ok, want, 0)
     ia, ib = _gather(a.starts, ra, n), _gather(b.starts, rb, n)
-    ok &= _per_pair_all(a.tokens[ia] == b.tokens[ib], n)
+    last = np.zeros(ia.size, dtype=bool)
+    last[np.cumsum(n)[n > 0] - 1] = True  # each key's last compared position: its token may differ
+    ok &= _per_pair_all((a.tokens[ia] == b.tokens[ib]) | last, n)
     kl = topk_kl(a.top_codes[ia], a.top_lp[ia], b.top_codes[ib], b.top_lp[ib]) if ia.size else np.zeros(0)
     starts = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum(n, out=starts[1:])
