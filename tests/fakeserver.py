@@ -33,7 +33,7 @@ Answers are deterministic functions of the prompt, so tests can predict them:
 - `--prefix-cache` is a prefix-caching server: a generation request's prompt tokens that earlier
   prompts of the same `cache_salt` namespace shared, in whole 16-token blocks (at least the last
   token computed), are reported as `usage.prompt_tokens_details.cached_tokens`; echo requests
-  never read the cache (vLLM v1). `--warm-noise S` perturbs the generated logprobs of a request
+  never read the cache but write it (vLLM v1). `--warm-noise S` perturbs the generated logprobs of a request
   that hit the cache by a seeded amount (a broken cache path: cold requests are untouched).
 """
 
@@ -214,6 +214,7 @@ class Fake:
         if body.get("echo") and body.get("max_tokens") in (0, 1):
             if self.args.echo_flaky and self.counts[prompt] == 1:  # every echo fails once, then answers
                 return _error(503, "echo: try again")
+            self.cached(body, prompt_tokens)  # echo never reads the cache but writes it (vLLM v1)
             extra = [" ."] if body.get("max_tokens") == 1 else []  # echo + one generated token (lm-eval's convention)
             choice = {"index": 0, "text": prompt + "".join(extra), "finish_reason": "length",
                       "logprobs": None if self.args.no_logprobs else

@@ -107,3 +107,17 @@ def test_a_probe_suite_without_reported_hits_is_inconclusive_never_missing():
     c = cr.cache_path(cp, GatePolicy(), 0.05, 8)
     assert c.status == "inconclusive" and c.role == "primary" and "does not report cached prompt tokens" in c.detail
     assert mx.cache_pairs(None, Arm(), Arm(), [("arith", "a", 0)]) is None
+
+
+def test_one_server_cold_against_warm_keeps_scoring_out_of_the_shared_cache(tmp_path, fake_server):
+    # the recipe for a real server (docs/cache.md): one prefix-caching server, a cold target and a
+    # warm one. Teacher forcing writes the cache (vLLM v1 does), so unsalted echoes of the cold arm
+    # would make the warm arm's first uses of each prefix warm, and the probe would have no cold unit
+    server = fake_server("--kv-cache-dtype", "bf16", "--prefix-cache")
+    write_suite(tmp_path / "shared.jsonl", shared_items())
+    (tmp_path / "kvqual.toml").write_text(
+        f'[targets.cold]\nbase_url = "{server.base_url}"\nkv_cache_dtype = "bf16"\ncold = true\n'
+        f'[targets.warm]\nbase_url = "{server.base_url}"\nkv_cache_dtype = "bf16"\n')
+    kvqual(tmp_path, "compare", "cold", "warm", "--suite", "shared.jsonl", "--fixed-n")
+    c = criterion(report_of(tmp_path), "cache_path")
+    assert "24 warm and 8 cold units" in c["detail"] and c["status"] == "pass", c

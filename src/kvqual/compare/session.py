@@ -77,6 +77,9 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
     forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
                         run.timeout, run.concurrency, run.retries)
+    probe = any(item.meta and "cache_wave" in item.meta for item in items.values())
+    if forcer_cls is TeacherForcer and (target.cold or probe):  # SGLang has no cache_salt
+        forcer.salted(f"kvqual-forced:{manifest.run_id}:{'again' if again else 'first'}")
     try:
         trust = None
         if check:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import random
@@ -106,6 +107,15 @@ class TeacherForcer:
         self._rendered: dict[str, asyncio.Task] = {}  # one /tokenize per item, however many passes ask
         self._http: httpx.AsyncClient | None = None
         self._rng = random.Random(0)
+        self.salt: str | None = None  # set: every echo carries a cache_salt of its own (`salted`)
+        self._salts = itertools.count()
+
+    def salted(self, prefix: str) -> "TeacherForcer":
+        """Give every echo request a `cache_salt` of its own (vLLM's field), so that scoring neither
+        reads nor writes the shared prefix-cache namespace: the cache probe needs the candidate's
+        first use of a prefix to be its generation, not an echo sent beside it (docs/cache.md)."""
+        self.salt = prefix
+        return self
 
     async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """`call` under the concurrency bound, retried on transient failures (resets, 429, 5xx,
@@ -190,8 +200,10 @@ class TeacherForcer:
         that failed for good, or an answer that is not data: a string starting with FAILED, so the
         next pass asks again)."""
         try:
-            data = await self._retrying(lambda: self.transport.post_json(
-                "/completions", echo_payload(prompt, self.model, self.top_logprobs)))
+            body = echo_payload(prompt, self.model, self.top_logprobs)
+            if self.salt is not None:
+                body["cache_salt"] = f"{self.salt}:{next(self._salts)}"
+            data = await self._retrying(lambda: self.transport.post_json("/completions", body))
             return parse_echo(data, self.base_url)
         except ServerContractError:
             raise
