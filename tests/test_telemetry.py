@@ -90,4 +90,4 @@ def test_prefix_cache_figures_are_token_deltas_and_a_hit_rate():
     assert out["prefix_cache_queries"] == 1000 and out["prefix_cache_hits"] == 750 and out["prefix_hit_rate"] == 0.75
     assert out["host_hits"] is None  # vLLM has no host tier figure
     plain = summarize({}, {}, {}, wall_s=1.0, source="vllm", scrapes=2)
-    assert "prefix_hit_rate" not in plain  # a server without a prefix cache gets no row
+    assert plain["prefix_hit_rate"] is None and plain["prefix_cache_hits"] is None  # no prefix cache: no row

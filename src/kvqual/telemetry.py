@@ -99,10 +99,9 @@ def summarize(first: Mapping[str, float], last: Mapping[str, float], gauges: Map
         "prompt_tokens": delta("prompt_tokens"), "generation_tokens": gen,
         "gen_tok_s": _round(gen / wall_s, 2) if gen is not None and wall_s > 0 else None,
     }
-    queries, hits = delta("prefix_queries"), delta("prefix_hits")
-    if queries is not None and hits is not None:  # only servers with a prefix cache export these
-        out.update(prefix_cache_queries=queries, prefix_cache_hits=hits, host_hits=delta("host_hits"),
-                   prefix_hit_rate=_round(hits / queries) if queries else None)
+    queries, hits = delta("prefix_queries"), delta("prefix_hits")  # null unless the server has a prefix cache
+    out.update(prefix_cache_queries=queries, prefix_cache_hits=hits, host_hits=delta("host_hits"),
+               prefix_hit_rate=_round(hits / queries) if queries and hits is not None else None)
     for ours in GAUGES:
         values = gauges.get(ours) or []
         out[f"{ours}_peak"] = _round(max(values)) if values else None
