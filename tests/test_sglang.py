@@ -251,11 +251,14 @@ def test_telemetry_maps_the_names_sglang_exports(fp8):
                     "generation_tokens": "sglang:generation_tokens_total",
                     "kv_usage": "sglang:token_usage", "running": "sglang:num_running_reqs",
                     "waiting": "sglang:num_queue_reqs",
-                    "ttft": "sglang:time_to_first_token_seconds", "itl": "sglang:inter_token_latency_seconds"}
+                    "ttft": "sglang:time_to_first_token_seconds", "itl": "sglang:inter_token_latency_seconds",
+                    # SGLang has no prefix-cache counters, only its hit-rate gauge
+                    "cache_hit_rate": "sglang:cache_hit_rate", "prefix_queries": None, "prefix_hits": None,
+                    "host_hits": None}
     assert parsed["sglang:num_running_reqs"] == [({"engine_type": "unified", "model_name": MODEL, "pp_rank": "0",
                                                   "tp_rank": "0"}, 0.0)]
     assert set(snapshot(parsed)) == {"prompt_tokens", "generation_tokens", "kv_usage", "running", "waiting", "ttft_sum",
-                                     "ttft_count", "itl_sum", "itl_count"}
+                                     "ttft_count", "itl_sum", "itl_count", "cache_hit_rate"}
 
 
 def test_scraper_counts_what_the_server_did_during_the_run(fp8):
