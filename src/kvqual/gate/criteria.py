@@ -68,11 +68,11 @@ def not_evaluated(name: str, direction: Direction, low: float | None, high: floa
 
 def _cdf(x: float, df: float) -> float:
     """t (or normal when df is inf) CDF that accepts ±inf."""
-    return float(stats.norm.cdf(x) if math.isinf(df) else stats.t.cdf(x, df))
+    return st.t_cdf(x, df)
 
 
 def _quantile(level: float, df: float) -> float:
-    return float(stats.norm.isf(level) if math.isinf(df) else stats.t.isf(level, df))
+    return st.t_isf(level, df)
 
 
 def _standardized(diff: float, se: float) -> float:
@@ -173,7 +173,7 @@ def _cluster_counts(pairs: AccuracyPairs) -> st.PairedCounts:
 def _score_se(counts: st.PairedCounts, level: float) -> float:
     """Tango score interval's half-width as an SE: honest where the plain SE is not (no flips → 0)."""
     ci = st.tango_ci(counts, level=1 - 2 * level)
-    return (ci.high - ci.low) / (2 * float(stats.norm.isf(level)))
+    return (ci.high - ci.low) / (2 * st.norm_isf(level))
 
 
 def _accuracy_detail(pairs: AccuracyPairs) -> str:
@@ -199,10 +199,10 @@ def accuracy(pairs: AccuracyPairs, policy: GatePolicy, level: float, m: int, rol
         ci = st.tango_ci(counts, level=1 - 2 * level)
         zs = st.tango_z(counts, -delta)
         est = counts.difference
-        score_se = (ci.high - ci.low) / (2 * float(stats.norm.isf(level)))
+        score_se = (ci.high - ci.low) / (2 * st.norm_isf(level))
         sd = max(math.sqrt(max((counts.b + counts.c) / g - est**2, 0.0)), score_se * math.sqrt(g))
         return Criterion("accuracy", pairs.suite, "inconclusive", "at_least", -delta, None, est, ci.low, ci.high,
-                         ci.level, float(stats.norm.sf(zs)), float(stats.norm.cdf(zs)), None, g,
+                         ci.level, st.norm_sf(zs), st.norm_cdf(zs), None, g,
                          _n_more(est, sd, g, -delta, est > -delta, level, m), detail, role, unit, level)
     if g < 2:
         return not_evaluated("accuracy", "at_least", -delta, None, detail + "; fewer than 2 independent units",
@@ -428,7 +428,7 @@ def speedup(base: np.ndarray, cand: np.ndarray, policy: GatePolicy, level: float
     theta = math.log(c.mean() / b.mean())
     se = math.sqrt(c.var(ddof=1) / (c.size * c.mean() ** 2) + b.var(ddof=1) / (b.size * b.mean() ** 2))
     detail = f"{b.mean():.1f} → {c.mean():.1f} tok/s per request"
-    q = float(stats.norm.isf(level))
+    q = st.norm_isf(level)
     if policy.min_speedup is None:
         return Criterion("speedup", None, "not_evaluated", "at_least", None, None, math.exp(theta),
                          math.exp(theta - q * se), math.exp(theta + q * se), 1 - 2 * level,

@@ -64,6 +64,7 @@ def pocock_critical(alpha: float, looks: int) -> float:
     return float(optimize.brentq(lambda c: (1 - _no_crossing(c, looks)) - alpha, z1, z1 + 2.5, xtol=1e-6))
 
 
+@lru_cache(maxsize=256)
 def nominal_alpha(alpha: float, looks: int) -> float:
     """The level each look tests at so that `looks` looks together keep level α."""
     return alpha if looks <= 1 else float(stats.norm.sf(pocock_critical(alpha, looks)))
