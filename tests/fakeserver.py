@@ -35,6 +35,15 @@ Answers are deterministic functions of the prompt, so tests can predict them:
   token computed), are reported as `usage.prompt_tokens_details.cached_tokens`; echo requests
   never read the cache but write it (vLLM v1). `--warm-noise S` perturbs the generated logprobs of a request
   that hit the cache by a seeded amount (a broken cache path: cold requests are untouched).
+- `--token-ids` speaks vLLM's token ids with a character tokenizer (token id = the character's code
+  point, so any two fakes agree): POST /tokenize (`prompt`, or `messages` rendered as the chat
+  endpoint joins them), token-id prompts, `return_tokens_as_token_ids` (tokens and top-k keys as
+  `token_id:N`). A position's logprob depends on the last 40 characters before it, so a scoring
+  window that keeps 40+ characters of context scores exactly what the whole sequence does.
+- `--max-model-len N` reports `max_model_len` N in /v1/models and /tokenize and refuses a request whose
+  prompt tokens + max_tokens exceed N with vLLM's HTTP 400 text ("This model's maximum context
+  length is N tokens. However, you requested …"); `--hide-max-model-len` refuses the same but
+  reports no limit (a server whose limit is only learnt from its refusal).
 """
 
 from __future__ import annotations
@@ -105,12 +114,12 @@ class Fake:
         if chat:
             text = choice["message"]["content"]
             content = (choice.get("logprobs") or {}).get("content")
-            tokens = tokenize(text)
+            tokens = self.toks(text)
             await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                              "logprobs": None, "finish_reason": None}]})
         else:
             lp = choice.get("logprobs")
-            tokens = lp["tokens"] if lp else tokenize(choice["text"])
+            tokens = lp["tokens"] if lp else self.toks(choice["text"])
         jitter = random.Random(f"{body.get('seed')}:{choice.get('text') or ''}:{self.counts.total()}")
         for i, tok in enumerate(tokens):
             f = self.args.token_jitter
@@ -147,6 +156,40 @@ class Fake:
                  f"vllm:time_to_first_token_seconds_count{labels} {self.ttft_count}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
+    def toks(self, text: str) -> list[str]:
+        """The fake's tokens: words, or characters with --token-ids."""
+        return list(text) if self.args.token_ids else tokenize(text)
+
+    def too_long(self, n_prompt: int, max_tokens: int) -> web.Response | None:
+        """vLLM's refusal of prompt + max_tokens above max_model_len (its renderer's text, HTTP 400)."""
+        limit = self.args.max_model_len
+        if not limit or n_prompt + max_tokens <= limit:
+            return None
+        return _error(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                           f"{max_tokens} output tokens and your prompt contains {n_prompt} input tokens, for a total "
+                           f"of {n_prompt + max_tokens} tokens. Please reduce the length of the input prompt or the "
+                           "number of requested output tokens.")
+
+    def as_ids(self, lp: dict | None, body: dict) -> dict | None:
+        """--token-ids and `return_tokens_as_token_ids`: tokens and top-k keys as `token_id:N`."""
+        if lp is None or not self.args.token_ids or not body.get("return_tokens_as_token_ids"):
+            return lp
+
+        def key(t: str) -> str:
+            m = re.fullmatch(r"<alt(\d+)>", t)
+            return f"token_id:{0x10FF00 + int(m.group(1))}" if m else f"token_id:{ord(t)}"
+
+        return {**lp, "tokens": [key(t) for t in lp["tokens"]],
+                "top_logprobs": [None if top is None else {key(t): v for t, v in top.items()} for top in lp["top_logprobs"]]}
+
+    async def tokenize_endpoint(self, request: web.Request) -> web.Response:
+        if not self.args.token_ids:
+            return web.Response(status=404)
+        body = await request.json()
+        text = "\n".join(m["content"] for m in body["messages"]) if body.get("messages") else body.get("prompt", "")
+        ids = [ord(c) for c in text]
+        return web.json_response({"count": len(ids), "max_model_len": self.args.max_model_len or 4096, "tokens": ids})
+
     def answer(self, prompt: str) -> str:
         m = re.search(r"\[\[answer=([^\]]*)\]\]", prompt)
         if m:
@@ -158,6 +201,9 @@ class Fake:
             text = f"ok {words[-1] if words else ''}"
         if self.args.length_factor > 1:
             text = " ".join([text] * self.args.length_factor)
+        if self.args.answer_tokens and self.args.token_ids:  # characters are the tokens
+            chars = " " + text
+            return "".join(chars[i % len(chars)] for i in range(self.args.answer_tokens))
         if self.args.answer_tokens:
             words = tokenize(" " + text)
             return "".join(words[i % len(words)] for i in range(self.args.answer_tokens))
@@ -202,7 +248,10 @@ class Fake:
         body = await request.json()
         prompt = body["prompt"]
         if isinstance(prompt, list):
-            prompt = " ".join(f"t{t}" for t in prompt) if prompt and isinstance(prompt[0], int) else prompt[0]
+            if prompt and isinstance(prompt[0], int):
+                prompt = "".join(map(chr, prompt)) if self.args.token_ids else " ".join(f"t{t}" for t in prompt)
+            else:
+                prompt = prompt[0]
         self.counts[prompt] += 1
         if self.args.delay:
             await asyncio.sleep(self.args.delay)
@@ -210,22 +259,25 @@ class Fake:
         if fail is not None:
             return fail
         k = int(body.get("logprobs") or 0)
-        prompt_tokens = tokenize(prompt)
+        prompt_tokens = self.toks(prompt)
+        refused = self.too_long(len(prompt_tokens), int(body.get("max_tokens") or 16))
+        if refused is not None:
+            return refused
         if body.get("echo") and body.get("max_tokens") in (0, 1):
             if self.args.echo_flaky and self.counts[prompt] == 1:  # every echo fails once, then answers
                 return _error(503, "echo: try again")
             self.cached(body, prompt_tokens)  # echo never reads the cache but writes it (vLLM v1)
-            extra = [" ."] if body.get("max_tokens") == 1 else []  # echo + one generated token (lm-eval's convention)
+            extra = ([" ."] if not self.args.token_ids else ["."]) if body.get("max_tokens") == 1 else []  # echo + one generated token (lm-eval's convention)
             choice = {"index": 0, "text": prompt + "".join(extra), "finish_reason": "length",
                       "logprobs": None if self.args.no_logprobs else
-                      self.logprobs("", prompt_tokens + extra, max(k, 1), first_null=True)}
+                      self.as_ids(self.logprobs("", prompt_tokens + extra, max(k, 1), first_null=True), body)}
             if self.args.echo_shift and choice["logprobs"]:  # a buggy echo: every logprob one position late
                 lps = choice["logprobs"]["token_logprobs"]
                 choice["logprobs"]["token_logprobs"] = [None] + lps[:-1]
             return _ok(body, [choice], len(prompt_tokens), len(extra))
         text = self.answer(prompt)
         max_tokens = int(body.get("max_tokens") or 16)
-        tokens = tokenize(text)
+        tokens = self.toks(text)
         finish = "stop"
         if len(tokens) > max_tokens:
             tokens, finish = tokens[:max_tokens], "length"
@@ -233,7 +285,7 @@ class Fake:
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         hit = self.cached(body, prompt_tokens)
         if k and not self.args.no_logprobs:
-            choice["logprobs"] = self.logprobs(prompt, tokens, k, first_null=False, warm=bool(hit))
+            choice["logprobs"] = self.as_ids(self.logprobs(prompt, tokens, k, first_null=False, warm=bool(hit)), body)
         self.account(len(prompt_tokens), len(tokens))
         if body.get("stream"):
             return await self.stream(request, body, choice, len(prompt_tokens), chat=False)
@@ -246,26 +298,35 @@ class Fake:
         fail = self.failure(prompt)
         if fail is not None:
             return fail
+        refused = self.too_long(len(self.toks(prompt)), int(body.get("max_tokens") or 16))
+        if refused is not None:
+            return refused
         text = self.answer(prompt)
-        tokens = tokenize(text)
-        choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+        tokens = self.toks(text)
+        finish = "stop"
+        if self.args.token_ids and len(tokens) > int(body.get("max_tokens") or 16):
+            tokens, finish = tokens[:int(body.get("max_tokens") or 16)], "length"
+            text = "".join(tokens)
+        choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                         "logprobs": None}
         k = int(body.get("top_logprobs") or 0)
-        hit = self.cached(body, tokenize(prompt))
+        hit = self.cached(body, self.toks(prompt))
         if body.get("logprobs") and not self.args.no_logprobs:
-            lp = self.logprobs(prompt, tokens, max(k, 1), first_null=False, warm=bool(hit))
+            lp = self.as_ids(self.logprobs(prompt, tokens, max(k, 1), first_null=False, warm=bool(hit)), body)
             choice["logprobs"] = {"content": [
                 {"token": t, "logprob": l, "bytes": list(t.encode()),
                  "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in top.items()][:k]}
                 for t, l, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]}
-        self.account(len(tokenize(prompt)), len(tokens))
+        self.account(len(self.toks(prompt)), len(tokens))
         if body.get("stream"):
-            return await self.stream(request, body, choice, len(tokenize(prompt)), chat=True)
-        return _ok(body, [choice], len(tokenize(prompt)), len(tokens), chat=True, cached=hit)
+            return await self.stream(request, body, choice, len(self.toks(prompt)), chat=True)
+        return _ok(body, [choice], len(self.toks(prompt)), len(tokens), chat=True, cached=hit)
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.args.model, "object": "model",
-                                                               "owned_by": "fake", "created": 0}]})
+        model = {"id": self.args.model, "object": "model", "owned_by": "fake", "created": 0}
+        if self.args.max_model_len and not self.args.hide_max_model_len:
+            model["max_model_len"] = self.args.max_model_len
+        return web.json_response({"object": "list", "data": [model]})
 
     async def server_info(self, request: web.Request) -> web.Response:
         if not self.args.kv_cache_dtype and not self.args.kv_capacity_tokens:
@@ -353,7 +414,7 @@ def make_app(args: argparse.Namespace) -> web.Application:
     app.add_routes([web.post("/v1/completions", fake.completions), web.post("/v1/chat/completions", fake.chat),
                     web.get("/v1/models", fake.models), web.get("/get_server_info", fake.server_info),
                     web.get("/stats", fake.stats), web.get("/health", fake.health),
-                    web.get("/metrics", fake.metrics)])
+                    web.get("/metrics", fake.metrics), web.post("/tokenize", fake.tokenize_endpoint)])
     return app
 
 
@@ -381,6 +442,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-capacity-tokens", type=int, default=0)
     p.add_argument("--burst-s", type=float, default=0.0)
     p.add_argument("--token-jitter", type=float, default=0.0)
+    p.add_argument("--token-ids", action="store_true")
+    p.add_argument("--max-model-len", type=int, default=0)
+    p.add_argument("--hide-max-model-len", action="store_true")
     return p.parse_args(argv)
 
 

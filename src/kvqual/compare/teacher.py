@@ -11,6 +11,17 @@ on servers that offer neither: prompt text + completion text, the completion's t
 `text_offset`; when they do not line up with the generated tokens (the boundary merged
 differently), the item is left out and counted. Each Forced records its method, and the report
 counts them. Results land in the baseline run's folder as `teacher-by-<scoring run id>.jsonl`.
+
+Chunked forcing: a scoring request holds prompt + completion + the one token echo asks for, so a
+long completion can exceed what the scoring server admits (its `max_model_len`, read from
+`/v1/models`, or learnt from its refusal). Then the completion is scored in windows
+(`chunk_windows`): each window is the whole prompt + as much of the completion before the tokens it
+scores as fits; the first scores the completion's head with its full context, each later one the
+next `stride` tokens, seeing at least half the window's completion room of preceding completion.
+Exact up to the first window's end; past it a token's logprobs are conditioned on the prompt + the
+last few hundred (or thousand) completion tokens, not the whole completion, at positions of the
+window, not of the generation. Both servers score the same windows when they report the same limit;
+the item records its windows (`Forced.chunks`), see docs/longgen.md.
 """
 
 from __future__ import annotations
@@ -20,8 +31,10 @@ import contextlib
 import fcntl
 import itertools
 import json
+import math
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -42,6 +55,61 @@ from kvqual.store import TOKEN_DATA
 ECHO_TRUST_MAX_MEAN_ABS = 0.5
 FAILED = "teacher-forcing request failed"  # a Forced with this reason is retried by the next pass
 ECHO_TRUST_ITEMS = 3  # own outputs scored per API kind (chat, completions) before forcing
+# Chunked forcing (docs/longgen.md): of a window's completion room, the least share that is context for
+# the tokens it scores (0.5: each token sees at least half a window of preceding completion; every
+# completion token is prefilled about 1 / (1 − share) = 2 times); windows need this much room at least.
+CHUNK_CONTEXT_SHARE = 0.5
+CHUNK_MIN_ROOM = 32
+CHUNK_RETRIES = 3  # refusals for length that lower the learnt limit before the item is failed
+# how engines state their limit when a prompt is too long (vLLM's renderer and engine, OpenAI, SGLang)
+_LIMIT_PATTERNS = (re.compile(r"maximum context length is (\d+)", re.I),
+                   re.compile(r"maximum model length of (\d+)", re.I),
+                   re.compile(r"context length \((\d+) tokens\)", re.I),
+                   re.compile(r"maximum context length of (\d+)", re.I))
+
+
+def refused_limit(message: str | None) -> int | None:
+    """The context limit a server states when it refuses a prompt as too long (an HTTP 400 whose
+    body says e.g. vLLM's "This model's maximum context length is 4096 tokens. However, you
+    requested 1 output tokens and your prompt contains at least 4097 input tokens…", its engine's
+    "The decoder prompt (length N) is longer than the maximum model length of M", SGLang's "The
+    input (N tokens) is longer than the model's context length (M tokens)"); None otherwise."""
+    if not message or "HTTP 4" not in message:
+        return None
+    for pattern in _LIMIT_PATTERNS:
+        m = pattern.search(message)
+        if m and int(m.group(1)) > 0:
+            return int(m.group(1))
+    return None
+
+
+Window = tuple[int, int, int]  # (context start, first scored, end): completion indices of one scoring request
+
+
+def chunk_windows(prompt_len: int, completion_len: int, max_prompt: int | None,
+                  share: float = CHUNK_CONTEXT_SHARE) -> list[Window] | str:
+    """The scoring requests of one completion under a limit of `max_prompt` tokens per scoring
+    prompt: [(a, s, e)] = send prompt + completion[a:e], keep the logprobs of completion[s:e]. One
+    window (0, 0, C) when it fits. Otherwise the first window scores the head [0, room) with its
+    full context (room = max_prompt − prompt_len), and each next one the following `stride` tokens
+    with the most preceding completion that fits (a = e − room): every token sees the prompt and at
+    least room − stride = ⌈share · room⌉ tokens of completion before it. The windows cover every
+    completion position once, in order. A string says why it cannot be chunked."""
+    if max_prompt is None or prompt_len + completion_len <= max_prompt:
+        return [(0, 0, completion_len)]
+    room = max_prompt - prompt_len
+    if room < CHUNK_MIN_ROOM:
+        return (f"prompt + completion ({prompt_len} + {completion_len} tokens) exceed what the server scores "
+                f"in one request ({max_prompt} tokens), and the prompt leaves {max(room, 0)} tokens for windows of "
+                f"the completion (fewer than {CHUNK_MIN_ROOM})")
+    stride = max(1, room - math.ceil(share * room))
+    windows: list[Window] = [(0, 0, room)]
+    start = room
+    while start < completion_len:
+        end = min(completion_len, start + stride)
+        windows.append((max(0, end - room), start, end))
+        start = end
+    return windows
 
 
 @dataclass(frozen=True)
@@ -55,17 +123,26 @@ class Forced:
     reason: str | None
     logprobs: TokenLogprobs | None  # completion positions only
     method: str | None = None  # "ids" (exact token ids) or "text" (text alignment); None: not scored
+    # chunked forcing: {"max_prompt": tokens one scoring request held, "windows": [[a, s, e], ...]}
+    # (chunk_windows); None when the completion was scored in one request
+    chunks: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"suite": self.suite, "id": self.id, "repeat": self.repeat, "aligned": self.aligned,
-                "reason": self.reason, "method": self.method,
-                "logprobs": self.logprobs.to_json() if self.logprobs else None}
+        out = {"suite": self.suite, "id": self.id, "repeat": self.repeat, "aligned": self.aligned,
+               "reason": self.reason, "method": self.method,
+               "logprobs": self.logprobs.to_json() if self.logprobs else None}
+        if self.chunks is not None:  # only where chunked: unchunked records keep their bytes
+            out["chunks"] = {"max_prompt": self.chunks["max_prompt"],
+                             "windows": [list(w) for w in self.chunks["windows"]]}
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Forced":
         lp = TokenLogprobs.from_json(d["logprobs"]) if d.get("logprobs") else None
         method = d.get("method", "text" if lp is not None else None)  # files from before ids were text
-        return cls(d["suite"], d["id"], d["repeat"], d["aligned"], d.get("reason"), lp, method)
+        chunks = d.get("chunks")
+        return cls(d["suite"], d["id"], d["repeat"], d["aligned"], d.get("reason"), lp, method,
+                   chunks if isinstance(chunks, Mapping) else None)
 
 
 def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogprobs | None,
@@ -109,6 +186,39 @@ class TeacherForcer:
         self._rng = random.Random(0)
         self.salt: str | None = None  # set: every echo carries a cache_salt of its own (`salted`)
         self._salts = itertools.count()
+        self._limit: asyncio.Task | None = None  # the server's max_model_len, asked once
+        self.max_prompt: int | None = None  # tokens one scoring prompt may hold, once known (limit_to)
+
+    def limit_to(self, max_prompt: int | None) -> "TeacherForcer":
+        """Score in windows of at most `max_prompt` prompt tokens (chunk_windows), whatever the server
+        reports: give every server of a comparison the smallest limit among them, so both score the
+        same windows. None: the server's own limit (`/v1/models` max_model_len − 1)."""
+        self.max_prompt = max_prompt
+        return self
+
+    async def prompt_limit(self) -> int | None:
+        """The most tokens a scoring prompt may hold: set by `limit_to` or learnt from a refusal, else
+        the server's `max_model_len` (vLLM's /v1/models, kvqual serve's, SGLang's) less the one token
+        echo generates; None when the server states none (then a refusal teaches it)."""
+        if self.max_prompt is not None:
+            return self.max_prompt
+        if self._limit is None:
+            self._limit = asyncio.ensure_future(self._models_limit())
+        reported = await self._limit
+        return self.max_prompt if self.max_prompt is not None else reported
+
+    async def _models_limit(self) -> int | None:
+        try:
+            r = await self._retrying(lambda: self._client().get(f"{self.base_url.rstrip('/')}/models"))
+            data = r.json().get("data") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        for model in data if isinstance(data, list) else []:
+            n = model.get("max_model_len") if isinstance(model, Mapping) else None
+            if isinstance(n, int) and not isinstance(n, bool) and n > 1 and (
+                    not self.model or model.get("id") in (self.model, None) or len(data) == 1):
+                return n - 1  # echo asks for one generated token (echo_payload): prompt + 1 ≤ max_model_len
+        return None
 
     def salted(self, prefix: str) -> "TeacherForcer":
         """Give every echo request a `cache_salt` of its own (vLLM's field), so that scoring neither
@@ -191,6 +301,9 @@ class TeacherForcer:
         full = prompt + (sample.text or "")
         echo = await self._echo(full)
         if isinstance(echo, str):
+            if refused_limit(echo) is not None:  # final, not a failure to retry: text cannot be cut into windows
+                echo = ("prompt + completion are longer than the server scores in one request, and text "
+                        f"alignment cannot score it in windows (that needs token ids): {echo.removeprefix(FAILED + ': ')}")
             return Forced(sample.suite, sample.id, sample.repeat, False, echo, None)
         part, why = completion_slice(echo, len(prompt), sample.logprobs, end=len(full))
         return Forced(sample.suite, sample.id, sample.repeat, part is not None, why, part, "text")
@@ -227,35 +340,75 @@ class TeacherForcer:
         return self._http
 
     async def _force_ids(self, sample: Sample, prompt: list[int], completion: list[int]) -> Forced:
-        """Score prompt ids + the generated ids as one token-id prompt; the completion is the
-        positions after the prompt, checked id for id against what was sent."""
-        def out(aligned: bool, why: str | None, lp: TokenLogprobs | None = None) -> Forced:
-            return Forced(sample.suite, sample.id, sample.repeat, aligned, why, lp, "ids" if aligned else None)
+        """Score prompt ids + the generated ids as token-id prompts; the completion is the positions
+        after the prompt, checked id for id against what was sent. In one request where it fits the
+        server's limit, else in windows (chunk_windows; a refusal for length lowers the limit and plans
+        again)."""
+        def out(aligned: bool, why: str | None, lp: TokenLogprobs | None = None,
+                chunks: Mapping[str, Any] | None = None) -> Forced:
+            return Forced(sample.suite, sample.id, sample.repeat, aligned, why, lp, "ids" if aligned else None,
+                          chunks if aligned else None)
 
         if sample.prompt_tokens is not None and sample.prompt_tokens != len(prompt):
             return out(False, f"the prompt renders to {len(prompt)} token ids here but the generation saw "
                               f"{sample.prompt_tokens} (another chat template or tokenizer)")
         if not completion:
             return out(False, "empty completion")
-        sent = prompt + completion
+        for _ in range(CHUNK_RETRIES + 1):
+            limit = await self.prompt_limit()
+            plan = chunk_windows(len(prompt), len(completion), limit)
+            if isinstance(plan, str):
+                return out(False, plan)
+            parts: list[TokenLogprobs] = []
+            refused: int | None = None
+            for a, start, end in plan:
+                part = await self._score_window(prompt, completion, a, start, end)
+                if isinstance(part, str):
+                    refused = refused_limit(part)
+                    if refused is None or (limit is not None and refused - 1 >= limit):
+                        return out(False, part)  # not a refusal for length, or one the plan already obeyed
+                    break
+                parts.append(part)
+            if refused is not None:
+                self.max_prompt = refused - 1 if self.max_prompt is None else min(self.max_prompt, refused - 1)
+                continue
+            chunks = None if len(plan) == 1 else {"max_prompt": limit, "windows": [list(w) for w in plan]}
+            return out(True, None, _concat(parts), chunks)
+        return out(False, f"{FAILED}: the server kept refusing windows as too long (last limit {self.max_prompt})")
+
+    async def _score_window(self, prompt: list[int], completion: list[int], a: int, start: int,
+                            end: int) -> TokenLogprobs | str:
+        """prompt + completion[a:end] scored; the logprobs of completion[start:end], or why not."""
+        sent = prompt + completion[a:end]
         echo = await self.score_ids(sent)
         if isinstance(echo, str):
-            return out(False, echo)
+            return echo
         if echo.token_ids is None:
-            return out(False, "the server did not return token ids for a token-id prompt")
+            return "the server did not return token ids for a token-id prompt"
         if tuple(echo.token_ids[: len(sent)]) != tuple(sent):
-            return out(False, "the server echoed other token ids than were sent")
-        n, m = len(prompt), len(sent)
+            return "the server echoed other token ids than were sent"
+        n, m = len(prompt) + start - a, len(sent)
         part = TokenLogprobs(tokens=echo.tokens[n:m], token_logprobs=echo.token_logprobs[n:m],
                              top_logprobs=echo.top_logprobs[n:m], token_ids=echo.token_ids[n:m])
-        if any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens):
-            return out(False, "missing logprobs inside the completion")
-        return out(True, None, part)
+        if (any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens)
+                or len(part.tokens) != end - start):
+            return "missing logprobs inside the completion"
+        return part
 
     async def aclose(self) -> None:
         await self.transport.aclose()
         if self._http is not None:
             await self._http.aclose()
+
+
+def _concat(parts: list[TokenLogprobs]) -> TokenLogprobs:
+    """The windows' scored positions as one completion (in order; one window is itself)."""
+    if len(parts) == 1:
+        return parts[0]
+    return TokenLogprobs(tokens=tuple(t for p in parts for t in p.tokens),
+                         token_logprobs=tuple(x for p in parts for x in p.token_logprobs),
+                         top_logprobs=tuple(x for p in parts for x in p.top_logprobs),
+                         token_ids=tuple(x for p in parts for x in p.token_ids or ()))
 
 
 def _mean_abs(pairs: list[tuple[float, float]]) -> float | None:
