@@ -25,7 +25,7 @@ def test_self_contained_no_external_urls(report):
     assert "default-src 'none'" in html  # CSP: even an injected script could not run
 
 
-PLOT_NAMES = ("lengths", "length_drift", "by_position", "first_divergence", "flips", "speed")
+PLOT_NAMES = ("lengths", "length_drift", "length_distribution", "by_position", "first_divergence", "flips", "speed")
 
 
 def test_every_plot_is_an_embedded_png(report):
@@ -83,7 +83,7 @@ EMOJI = re.compile("[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F]")
 def test_responsive_page_has_a_viewport_and_every_table_scrolls_in_its_own_box(report):
     html = render_html(report)
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
-    assert html.count("<table") == html.count('<div class="scroll">\n<table') == 5  # no looks table at one look
+    assert html.count("<table") == html.count('<div class="scroll">\n<table') == 6  # no looks table at one look; positions
     assert ".scroll { overflow-x: auto;" in html and "max-width: 100%" in html and "flex-wrap: wrap" in html
 
 
@@ -171,3 +171,20 @@ def test_sequential_trajectory_sits_beside_the_forest(report):
     figs = html.split('<div class="figs">')[1].split("<h2>")[0]
     assert 'id="forest"' in figs and 'id="plot-trajectory"><img' in figs
     assert "decided at look 2 of 2 (20 of 20 items)" in html.split('id="forest"')[0]
+
+
+def test_kl_by_position_is_a_table_with_every_bucket_and_the_aa_floor(report):
+    long = copy.deepcopy(report)
+    long["plots"]["by_position"] = {
+        "ab": [{"start": 0, "end": 64, "n_tokens": 640, "mean_kl": 0.012, "same_top1_rate": 0.95},
+               {"start": 64, "end": 256, "n_tokens": 1900, "mean_kl": 0.019, "same_top1_rate": 0.93},
+               {"start": 256, "end": 1024, "n_tokens": 4100, "mean_kl": 0.031, "same_top1_rate": 0.9},
+               {"start": 1024, "end": None, "n_tokens": 0, "mean_kl": None, "same_top1_rate": None}],
+        "aa": [{"start": 256, "end": 1024, "n_tokens": 4100, "mean_kl": 0.002, "same_top1_rate": 0.988}]}
+    html = render_html(long)
+    table = html[html.index('<table id="positions">'):]
+    table = table[:table.index("</table>")]
+    assert "<td>256–1,023</td><td class=\"num\">4,100</td><td class=\"num\">0.0310 nats/token</td>" in table
+    assert "0.00200 nats/token" in table and "98.8%" in table
+    assert "<td>1,024+</td><td class=\"num\">0</td>" in table  # a bucket no output reached says so
+    assert '<table id="positions">' not in render_html(dict(long, plots={}))

@@ -7,8 +7,9 @@ import copy
 import numpy as np
 from matplotlib.colors import to_rgba
 
-from kvqual.report.plots import (BOUND, CAND, _divergence_cdf, all_plots, by_position_figure, first_divergence_figure,
-                                 flips_figure, length_drift_figure, lengths_figure, speed_figure, to_data_uri,
+from kvqual.report.plots import (BASE, BOUND, CAND, _divergence_cdf, all_plots, by_position_figure, first_divergence_figure,
+                                 flips_figure, length_distribution_figure, length_drift_figure, lengths_figure,
+                                 speed_figure, to_data_uri,
                                  trajectory_figure)
 
 
@@ -134,3 +135,29 @@ def test_empty_inputs_give_no_figure():
 def test_png_bytes_are_stable(report):
     a, b = all_plots(report), all_plots(report)
     assert a == b and a["by_position"].startswith("data:image/png;base64,")
+
+
+def test_length_distributions_of_both_arms_and_the_aa_replicate(report):
+    (ax,) = length_distribution_figure(report["plots"]["lengths"]).axes
+    labels = _labels(ax)
+    assert [label.split(",")[0] for label in labels] == ["baseline", "candidate", "A/A replicate (baseline again)"]
+    base = np.array(report["plots"]["lengths"]["base"], float)
+    assert labels[0] == (f"baseline, n={base.size}: p50 {np.percentile(base, 50):.1f}, "
+                         f"p90 {np.percentile(base, 90):.1f}, p99 {np.percentile(base, 99):.1f}")
+    base_line, cand_line, aa_line = ax.get_lines()[:3]
+    assert to_rgba(base_line.get_color()) == to_rgba(BASE) and to_rgba(cand_line.get_color()) == to_rgba(CAND)
+    assert aa_line.get_linestyle() == "--"
+    # an ECDF: each curve climbs from 0 to 1 over its sorted lengths
+    y = base_line.get_ydata()
+    assert y[0] == 0 and y[-1] == 1 and np.all(np.diff(y) >= 0)
+    assert sorted(base_line.get_xdata()[1:]) == sorted(base)
+
+
+def test_length_distribution_marks_the_long_buckets_and_needs_a_baseline():
+    lengths = {"base": [40, 300, 900, 1500, 2000], "cand": [45, 310, 1200, 2000, 2000], "aa": None}
+    (ax,) = length_distribution_figure(lengths).axes
+    assert len(_labels(ax)) == 2  # no replicate: nothing drawn for it
+    assert ax.get_xscale() == "log"
+    assert {line.get_xdata()[0] for line in ax.get_lines()[2:]} == {256, 1024}  # where the KL buckets start
+    assert length_distribution_figure({"base": [], "cand": [3]}) is None
+    assert length_distribution_figure(None) is None

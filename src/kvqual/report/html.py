@@ -96,11 +96,31 @@ STATUS_WORD = {"pass": "pass", "fail": "fail", "inconclusive": "undecided", "not
 PLOTS = (  # name, caption, full width
     ("lengths", "Output lengths: paired per item, with the length criterion's bound", False),
     ("length_drift", "Length drift: candidate − baseline per item, in tokens", False),
+    ("length_distribution", "Output length distributions of baseline, candidate and the A/A replicate (ECDF)", False),
     ("by_position", "KL and top-1 agreement by token position (buckets holding tokens)", False),
     ("first_divergence", "Where outputs first differ", False),
     ("flips", "Answer flips per suite", False),
     ("speed", "Speed per arm and the ratio", False),
 )
+
+
+def position_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The teacher-forced token metrics per position bucket (report.json plots.by_position): A/B
+    beside the A/A floor, every bucket listed, so a run whose outputs never reach 256 or 1,024
+    tokens says so (0 tokens) rather than leaving the long buckets out."""
+    block = S.get(report, "plots", "by_position") or {}
+    ab = [b for b in block.get("ab") or [] if isinstance(b, Mapping)]
+    aa = {(b.get("start"), b.get("end")): b for b in block.get("aa") or [] if isinstance(b, Mapping)}
+    rows = []
+    for b in ab:
+        start, end = b.get("start"), b.get("end")
+        f = aa.get((start, end)) or {}
+        label = f"{S.fmt_num(start)}–{S.fmt_num(end - 1)}" if isinstance(end, int) else f"{S.fmt_num(start)}+"
+        rows.append({"bucket": label, "tokens": S.fmt_num(b.get("n_tokens")),
+                     "kl_ab": S.fmt_quantity(b.get("mean_kl"), "nats"), "kl_aa": S.fmt_quantity(f.get("mean_kl"), "nats"),
+                     "top1_ab": S.fmt_pct(b.get("same_top1_rate")), "top1_aa": S.fmt_pct(f.get("same_top1_rate")),
+                     "aa_tokens": S.fmt_num(f.get("n_tokens"))})
+    return rows
 
 
 def ci_text(report: Mapping[str, Any]) -> str:
@@ -147,7 +167,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),
         metrics=S.metric_rows(report), speed=S.speed_rows(report),
         speed_note=S.get(report, "speed", "note"),
-        plots=all_plots(report), plot_list=PLOTS, examples=example_views(report),
+        plots=all_plots(report), plot_list=PLOTS, positions=position_rows(report), examples=example_views(report),
         n_examples=len(report.get("examples") or []),
         warnings=[str(w) for w in report.get("warnings") or []],
         teacher_forcing={"enabled": tf.get("enabled"), "note": tf.get("note")}, allow_mismatch=bool(report.get("allow_mismatch")),

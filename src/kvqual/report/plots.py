@@ -141,6 +141,50 @@ def length_drift_figure(lengths: Mapping[str, Any] | None) -> Figure | None:
     return fig
 
 
+def length_distribution_figure(lengths: Mapping[str, Any] | None) -> Figure | None:
+    """The output-length distribution of each arm as an ECDF: baseline, candidate and the A/A replicate
+    (the baseline run again), each with its p50 / p90 / p99 in the legend. Unpaired on purpose: a
+    long-generation regression shows as the candidate's upper tail pulling away (runaway outputs, a
+    pile-up at max_tokens: a vertical step at the right end) while the A/A curve stays on the
+    baseline's; the paired scatter beside it says which items moved."""
+    arms = [(_ints((lengths or {}).get(key)), label, style) for key, label, style in (
+        ("base", "baseline", {"color": BASE, "linewidth": 2}),
+        ("cand", "candidate", {"color": CAND, "linewidth": 2}),
+        ("aa", "A/A replicate (baseline again)", FLOOR_STYLE))]
+    arms = [(np.sort(np.array(v, float)), label, style) for v, label, style in arms if v]
+    if not arms or not any(key == "baseline" for _, key, _ in arms):
+        return None
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.add_subplot()
+    everything = np.concatenate([v for v, _, _ in arms])
+    low, high = float(everything.min()), float(everything.max())
+    log = bool(low >= 1 and high / low >= 8)
+    for values, label, style in arms:
+        share = np.arange(1, values.size + 1) / values.size
+        q = np.percentile(values, (50, 90, 99))
+        ax.step(np.concatenate([[values[0]], values]), np.concatenate([[0.0], share]), where="post",
+                label=f"{label}, n={values.size}: p50 {S.sig3(q[0])}, p90 {S.sig3(q[1])}, p99 {S.sig3(q[2])}",
+                **style)
+    if log:
+        ax.set_xscale("log")
+        ticks = [m * 10 ** e for e in range(0, 7) for m in (1, 2, 5) if 0.8 * low <= m * 10 ** e <= 1.25 * high]
+        ax.xaxis.set_ticks(ticks, [f"{t:,}" for t in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(0.8 * low, 1.25 * high)
+    for at in (256, 1024):  # where the KL position buckets start: the share of outputs that reach them
+        if low < at < high:
+            ax.axvline(at, color="#bbbbbb", linewidth=0.8, zorder=0)
+    ax.set_ylim(0, 1.02)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel("output length (tokens)" + (", log scale" if log else ""))
+    ax.set_ylabel("outputs this long or shorter")
+    ax.set_title("Output length distribution per arm (ECDF)", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def _divergence_cdf(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
     """Sorted divergence positions and the share of *all* pairs diverged by each one."""
     total = len(values)
@@ -319,6 +363,7 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
                                               else None, S.get(overall, "generation", "ab"),
                                               S.get(overall, "generation", "aa"))),
         "length_drift": to_data_uri(length_drift_figure(plots.get("lengths"))),
+        "length_distribution": to_data_uri(length_distribution_figure(plots.get("lengths"))),
         "first_divergence": to_data_uri(first_divergence_figure(plots.get("first_divergence"))),
         "by_position": to_data_uri(by_position_figure(
             plots.get("by_position"), S.num(_criterion(report, "kl_excess").get("bound_high")),
