@@ -110,3 +110,21 @@ def test_failure_counts_by_kind_for_the_keys_still_unanswered(tmp_path):
     assert error_kind("HTTP 429: slow down") == "HTTP 429" and error_kind("malformed response: x") == \
         "malformed response"
     assert failure_counts(tmp_path / "missing") == {} and answered_keys(tmp_path / "missing") == set()
+
+
+def test_decode_line_reads_what_json_loads_reads():
+    """orjson first, the standard decoder for what it refuses or reads differently: same objects,
+    same failures (a torn line), NaN / Infinity and integers beyond 64 bits included."""
+    from kvqual.store import decode_line
+
+    lines = [b'{"id":"a","x":1.5,"n":3,"t":"caf\u00e9 \u2028"}\n', b'{"a": NaN, "b": -Infinity}',
+             b'{"a": 123456789012345678901234567890}', b'{"a": [1, {"b": -9223372036854775809}]}',
+             b'{"a": 1e19, "b": 18446744073709551615}', b'{"a": "\\ud800"}', b'{"a":"\xff"}', b'{"a":"x"}\r\n',
+             b'[1, 2]', b'0.1000000000000000055511151231257827']
+    for raw in lines:
+        assert repr(decode_line(raw)) == repr(json.loads(raw.decode("utf-8", errors="replace"))), raw
+    for torn in (b'{"a": 1', b'\xff{"a":1}', b''):
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(torn.decode("utf-8", errors="replace"))
+        with pytest.raises(json.JSONDecodeError):
+            decode_line(torn)

@@ -25,6 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
+import orjson
+
 from kvqual import tokenstore
 from kvqual.errors import KvqualError, UsageError
 from kvqual.records import RunManifest, Sample, dumps_line
@@ -54,14 +56,53 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+_BIG = float(2**63)
+
+
+def _no_big_floats(obj: Any) -> bool:
+    """No float in `obj` (a decoded line) as large as 2**63: where orjson met an integer beyond 64
+    bits it gives a float that large instead of refusing the number."""
+    if type(obj) is float:
+        return -_BIG < obj < _BIG
+    stack = [obj] if type(obj) in (dict, list) else []
+    while stack:
+        o = stack.pop()
+        for v in (o.values() if type(o) is dict else o):
+            t = type(v)
+            if t is float:
+                if not -_BIG < v < _BIG:
+                    return False
+            elif t is dict or t is list:
+                stack.append(v)
+    return True
+
+
+def decode_line(raw: bytes) -> Any:
+    """One JSONL line (bytes) as `json.loads` of its UTF-8 text (invalid bytes replaced) reads it;
+    `json.JSONDecodeError` where that fails. orjson first (~4x faster on a samples line; a judge at
+    20k items reads 45k of them): it is strict JSON and exact, and what it refuses (NaN or
+    Infinity, which Python's encoder writes; a lone surrogate escape; invalid UTF-8; a torn line)
+    goes through the standard decoder, as does a line where it read a float of 2**63 or more (an
+    integer beyond 64 bits, which orjson reads as a float: the standard decoder keeps it an int),
+    so what is accepted, and how, is the standard decoder's."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if _no_big_floats(obj):
+            return obj
+    return json.loads(raw.decode("utf-8", errors="replace"))
+
+
 def iter_sample_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """(line number, decoded object or None for a torn/undecodable line)."""
-    with path.open(encoding="utf-8", errors="replace") as fh:
+    with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = decode_line(raw)
             except json.JSONDecodeError:
                 yield lineno, None
                 continue

@@ -82,6 +82,48 @@ def test_reproduced_is_bit_for_bit() -> None:
                                    base[changed].top_logprobs[:4] + (top,) + base[changed].top_logprobs[5:])
     same = pos.reproduced(pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(again)), sorted(base))
     assert same == {k: k != changed for k in sorted(base)}
+    # the judge's chunked, early-stopping form says what all() of the per-pair answers says
+    a, b = pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(again))
+    assert pos.all_reproduced(a, b, sorted(base)) is False
+    assert pos.all_reproduced(a, b, [k for k in sorted(base) if k != changed]) is True
+    assert pos.all_reproduced(a, b, []) is True
+    shorter = {**base, changed: TokenLogprobs(base[changed].tokens[:-1], base[changed].token_logprobs[:-1],
+                                              base[changed].top_logprobs[:-1])}
+    assert pos.all_reproduced(a, pos.from_logprobs(_wrap(shorter)), sorted(base)) is False
+
+
+def test_all_reproduced_over_many_chunks(monkeypatch) -> None:
+    rng = np.random.default_rng(5)
+    vocab = [f"token_id:{i}" for i in range(50)]
+    base = {("s", f"{i:03d}", 0): _record(rng, 40, vocab) for i in range(30)}
+    a = pos.from_logprobs(_wrap(base))
+    monkeypatch.setattr(pos, "CHUNK", 64)  # 1,200 positions: many chunks, pairs across their edges
+    assert pos.all_reproduced(a, pos.from_logprobs(_wrap(base)), sorted(base)) is True
+    last = ("s", "029", 0)
+    lp = base[last]
+    again = {**base, last: TokenLogprobs(lp.tokens, lp.token_logprobs[:-1] + (lp.token_logprobs[-1] - 1e-3,),
+                                         lp.top_logprobs)}
+    b = pos.from_logprobs(_wrap(again))
+    assert pos.all_reproduced(a, b, sorted(base)) is False  # only the last position of the last chunk differs
+    assert all(pos.reproduced(a, b, sorted(base)).values()) is False
+
+
+def test_base_top1_is_computed_once_and_matches_per_chunk(monkeypatch) -> None:
+    rng = np.random.default_rng(8)
+    vocab = [f"token_id:{i}" for i in range(30)]
+    base = {("s", str(i), 0): _record(rng, 20, vocab) for i in range(6)}
+    cand = {k: _record(rng, 20, vocab) for k in base}
+    cand = {k: TokenLogprobs(base[k].tokens, v.token_logprobs, v.top_logprobs) for k, v in cand.items()}
+    a = pos.from_logprobs(_wrap(base))
+    first = pos.compare_forced(a, pos.from_logprobs(_wrap(cand)), sorted(base))
+    cached = a.top1()
+    assert a.top1() is cached  # the second comparison of the same pass reuses it
+    fresh = pos.compare_forced(pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(cand)), sorted(base))
+    assert first.same_top1.tolist() == fresh.same_top1.tolist()
+    assert first.same_top1.tolist() == [tk.same_top1(x, y) for k in sorted(base)
+                                        for x, y in zip(base[k].top_logprobs, cand[k].top_logprobs)]
+    a.release()
+    assert a._top1 is None
 
 
 def test_first_divergence_on_codes() -> None:

@@ -100,11 +100,23 @@ def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
 LENGTH_QUANTILES = (50, 90, 99)
 
 
-def _diversity(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any]:
+def distinct2(samples: Mapping[Key, Sample]) -> dict[Key, float | None]:
+    """distinct-2 of each answered sample's output (computed once per sample: every suite's and
+    the overall section's generation metrics read it, the baseline's in both A/B and A/A)."""
+    return {k: tk.distinct_n(s.text or "") for k, s in samples.items() if s.ok}
+
+
+def _diversity(pairs: list[tuple[Sample, Sample]],
+               known: tuple[Mapping[Key, float | None], Mapping[Key, float | None]] | None = None) -> dict[str, Any]:
     """Mean distinct-2 (distinct word bigrams / all bigrams per output) of each arm over the pairs
-    where both outputs have two words or more, and the paired difference cand − base with a t CI."""
-    both = [(x, y) for x, y in ((tk.distinct_n(a.text or ""), tk.distinct_n(b.text or "")) for a, b in pairs)
-            if x is not None and y is not None]
+    where both outputs have two words or more, and the paired difference cand − base with a t CI.
+    `known`: each arm's distinct-2 by key (`distinct2`), where the caller has them."""
+    if known is not None:
+        da, db = known
+        values = ((da[a.key], db[b.key]) for a, b in pairs)
+    else:
+        values = ((tk.distinct_n(a.text or ""), tk.distinct_n(b.text or "")) for a, b in pairs)
+    both = [(x, y) for x, y in values if x is not None and y is not None]
     out: dict[str, Any] = {"distinct2_base": None, "distinct2_cand": None, "distinct2_diff": None,
                            "distinct2_diff_ci": [None, None], "distinct2_n": len(both)}
     if len(both) >= 2:
@@ -117,8 +129,11 @@ def _diversity(pairs: list[tuple[Sample, Sample]]) -> dict[str, Any]:
 
 def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key, bool] | None = None,
                        loops_b: Mapping[Key, bool] | None = None,
-                       div: list[int | None] | None = None) -> dict[str, Any] | None:
-    """`div`: the pairs' first divergences, where the caller has them already."""
+                       div: list[int | None] | None = None,
+                       diversity: tuple[Mapping[Key, float | None], Mapping[Key, float | None]] | None = None,
+                       ) -> dict[str, Any] | None:
+    """`div`: the pairs' first divergences, `diversity`: each arm's distinct-2 by key (`distinct2`),
+    where the caller has them already."""
     if not pairs:
         return None
     lb = np.array([a.completion_tokens or 0 for a, _ in pairs], dtype=float)
@@ -140,7 +155,7 @@ def generation_metrics(pairs: list[tuple[Sample, Sample]], loops_a: Mapping[Key,
         # the length distribution's upper part (where runaway outputs show), and diversity
         **{f"len_{arm}_p{q}": _r(float(np.percentile(v, q))) for q in LENGTH_QUANTILES for arm, v in
            (("base", lb), ("cand", lc))},
-        **_diversity(pairs),
+        **_diversity(pairs, diversity),
     }
     if lb.sum() > 0 and len(pairs) >= 2:
         ratio, _ = st.ratio_of_means_ci(lb, lc)
@@ -209,7 +224,7 @@ def floor_reproduced(base: Forcing, again: Forcing) -> bool:
     both = [k for k in again.records if k in base.records]
     if not both or not all(usable(base, k) and usable(again, k) for k in both):
         return False
-    return all(pos.reproduced(base.arrays, again.arrays, both).values())
+    return pos.all_reproduced(base.arrays, again.arrays, both)
 
 
 MIN_REPRODUCED = 8  # items a bit-identical second pass must cover before its floor (0) is extended to all
@@ -451,6 +466,8 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
     div_ab = {a.key: divergence(a, b, base.tokens, cand.tokens) for a, b in ab_all}
     aa_all, _ = _pairs(base.samples, aa.samples, [k for k in keys if k in aa.samples]) if aa is not None else ([], 0)
     div_aa = {a.key: divergence(a, b, base.tokens, aa.tokens) for a, b in aa_all} if aa is not None else {}
+    d2_base, d2_cand = distinct2(base.samples), distinct2(cand.samples)
+    d2_aa = distinct2(aa.samples) if aa is not None else {}
     sections: dict[str, Any] = {}
     for suite in suites + [OVERALL]:
         sk = [k for k in keys if suite == OVERALL or k[0] == suite]
@@ -461,8 +478,10 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
         aa_keys = [k for k in sk if again is not None and k in base.forced.records and k in again.records]
         sections[suite] = {
             "task": {"ab": task_metrics(ab), "aa": task_metrics(aap) if aap else None},
-            "generation": {"ab": generation_metrics(ab, loops[0], loops[1], [div_ab[a.key] for a, _ in ab]),
-                           "aa": generation_metrics(aap, loops[0], loops[2], [div_aa[a.key] for a, _ in aap])
+            "generation": {"ab": generation_metrics(ab, loops[0], loops[1], [div_ab[a.key] for a, _ in ab],
+                                                    (d2_base, d2_cand)),
+                           "aa": generation_metrics(aap, loops[0], loops[2], [div_aa[a.key] for a, _ in aap],
+                                                    (d2_base, d2_aa))
                            if aap else None},
             "teacher": {"ab": token_metrics(ab_tok, tok_keys, len(sk)),
                         "aa": token_metrics(aa_tok, aa_keys, len(sk)) if aa_tok is not None else None},

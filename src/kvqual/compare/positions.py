@@ -104,6 +104,7 @@ class TokenArrays:
     top_ok: np.ndarray | None = None  # (rows,) bool: one top-k list per token
     names: dict[int, str] = field(default_factory=dict)  # code → string for non-id codes
     released: bool = False  # the per-position arrays were dropped (`release`): only `index` is left
+    _top1: np.ndarray | None = field(default=None, repr=False)  # (P,) top-1 code of every position (`top1`)
 
     @classmethod
     def from_table(cls, table: pa.Table, top_k: bool = True) -> "TokenArrays":
@@ -193,8 +194,20 @@ class TokenArrays:
         """Drop the per-position arrays, keeping which keys have rows (`index`): what is left answers
         `key in index`, and nothing else."""
         self.tokens = np.zeros(0, dtype=np.int32)
-        self.logprob = self.top_codes = self.top_lp = None
+        self.logprob = self.top_codes = self.top_lp = self._top1 = None
         self.released = True
+
+    def top1(self) -> np.ndarray:
+        """The top-1 code of every position (`_top1`), computed once: the baseline's first teacher
+        pass is compared twice (with the candidate's and with its own second pass)."""
+        assert not self.released, "per-position arrays used after release()"
+        if self._top1 is None:
+            p = self.top_codes.shape[0]
+            out = np.empty(p, dtype=self.top_codes.dtype)
+            for s in range(0, p, CHUNK):  # slices: views, no copies
+                out[s:s + CHUNK] = _top1(self.top_codes[s:s + CHUNK], self.top_lp[s:s + CHUNK], self)
+            self._top1 = out
+        return self._top1
 
     def rows(self, keys: Iterable[Key]) -> np.ndarray:
         assert not self.released, "per-position arrays used after release()"
@@ -376,10 +389,12 @@ def compare_forced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> PairP
     ia, ib = ia[chosen], ib[chosen]
     kl = np.empty(ia.size)
     same = np.empty(ia.size, dtype=bool)
+    top1_a = a.top1() if ia.size else None
     for s in range(0, ia.size, CHUNK):
         xa, xb = ia[s:s + CHUNK], ib[s:s + CHUNK]
-        kl[s:s + CHUNK] = topk_kl(a.top_codes[xa], a.top_lp[xa], b.top_codes[xb], b.top_lp[xb])
-        same[s:s + CHUNK] = (_top1(a.top_codes[xa], a.top_lp[xa], a) == _top1(b.top_codes[xb], b.top_lp[xb], b))
+        bc, bl = b.top_codes[xb], b.top_lp[xb]
+        kl[s:s + CHUNK] = topk_kl(a.top_codes[xa], a.top_lp[xa], bc, bl)
+        same[s:s + CHUNK] = top1_a[xa] == _top1(bc, bl, b)
     lp_a, lp_b = a.logprob[ia], b.logprob[ib]
     starts = np.zeros(len(kept) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
@@ -424,6 +439,34 @@ def reproduced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> dict[Key,
     same &= (_pad(a.top_lp[ia], k, -np.inf) == _pad(b.top_lp[ib], k, -np.inf)).all(axis=1)
     ok = _per_pair_all(same, n) & (la == lb)
     return dict(zip(keys, ok.tolist()))
+
+
+def all_reproduced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> bool:
+    """`all(reproduced(a, b, keys).values())`, a chunk of pairs at a time (cache-sized temporaries,
+    never a copy of both passes' top-k) and stopping at the first pair that differs: a second
+    teacher-forcing pass that is not bit-identical is told by its first chunk."""
+    keys = [k for k in keys if k in a.index and k in b.index]
+    if not keys:
+        return True
+    ra, rb = a.rows(keys), b.rows(keys)
+    la, lb = a.lengths(ra), b.lengths(rb)
+    if not np.array_equal(la, lb):
+        return False
+    k = max(a.top_codes.shape[1], b.top_codes.shape[1])
+    ends = np.cumsum(la)
+    lo = 0
+    while lo < len(keys):
+        done = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, done + CHUNK, side="right")))
+        ia, ib = _gather(a.starts, ra[lo:hi], la[lo:hi]), _gather(b.starts, rb[lo:hi], la[lo:hi])
+        xa, xb = a.logprob[ia], b.logprob[ib]
+        if not (np.array_equal(a.tokens[ia], b.tokens[ib])
+                and ((xa == xb) | (np.isnan(xa) & np.isnan(xb))).all()
+                and np.array_equal(_pad(a.top_codes[ia], k, PAD), _pad(b.top_codes[ib], k, PAD))
+                and (_pad(a.top_lp[ia], k, -np.inf) == _pad(b.top_lp[ib], k, -np.inf)).all()):
+            return False
+        lo = hi
+    return True
 
 
 def _pad(x: np.ndarray, k: int, fill: float) -> np.ndarray:
