@@ -117,7 +117,7 @@ def test_decode_line_reads_what_json_loads_reads():
     same failures (a torn line), NaN / Infinity and integers beyond 64 bits included."""
     from kvqual.store import decode_line
 
-    lines = [b'{"id":"a","x":1.5,"n":3,"t":"caf\u00e9 \u2028"}\n', b'{"a": NaN, "b": -Infinity}',
+    lines = [b'{"id":"a","x":1.5,"n":3,"t":"caf\\u00e9 \\u2028"}\n', b'{"a": NaN, "b": -Infinity}',
              b'{"a": 123456789012345678901234567890}', b'{"a": [1, {"b": -9223372036854775809}]}',
              b'{"a": 1e19, "b": 18446744073709551615}', b'{"a": "\\ud800"}', b'{"a":"\xff"}', b'{"a":"x"}\r\n',
              b'[1, 2]', b'0.1000000000000000055511151231257827']
