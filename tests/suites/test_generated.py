@@ -19,7 +19,10 @@ def jsonl(name: str, seed: int, limit: int | None = None) -> str:
     return "".join(dumps_line(it.to_json()) for it in generate(name, seed=seed, limit=limit))
 
 
-@pytest.mark.parametrize("name", sorted(BUILTIN_SUITES))
+SEEDED = sorted(name for name, suite in BUILTIN_SUITES.items() if suite.seeded)  # longgen is a shipped file
+
+
+@pytest.mark.parametrize("name", SEEDED)
 def test_same_seed_same_bytes_other_seed_other_items(name: str) -> None:
     a, b = jsonl(name, 7, 6), jsonl(name, 7, 6)
     assert a == b
@@ -37,7 +40,7 @@ def test_pinned_digest_of_default_seed() -> None:
     assert len(hashlib.sha256(text.encode()).hexdigest()) == 64
 
 
-@pytest.mark.parametrize("name", sorted(BUILTIN_SUITES))
+@pytest.mark.parametrize("name", SEEDED)
 def test_items_are_well_formed_and_their_answers_score(name: str) -> None:
     items = generate(name, seed=3)
     assert len(items) == BUILTIN_SUITES[name].default_n
@@ -158,3 +161,40 @@ def test_written_suite_loads_through_the_jsonl_loader(name: str, tmp_path) -> No
     path = tmp_path / f"{name}.jsonl"
     path.write_text(jsonl(name, 2, 10))
     assert load_jsonl_suite(path) == generate(name, seed=2, limit=10)
+
+
+def test_longgen_is_the_shipped_training_prompts_without_answers_and_with_a_long_max_tokens() -> None:
+    from pathlib import Path
+
+    from kvqual.suites.jsonl import load_jsonl_suite
+
+    shipped = Path(generated.__file__).parent / "data" / generated.TRAINING_PROMPTS
+    example = Path(__file__).parents[2] / "suites" / "training_prompts.jsonl"
+    assert shipped.read_bytes() == example.read_bytes()  # the package's copy is the example file
+    source = load_jsonl_suite(example)
+    items = generate("longgen")
+    assert [it.id for it in items] == [it.id for it in source] and len(items) == BUILTIN_SUITES["longgen"].default_n
+    for it, src in zip(items, source):
+        assert it.suite == "longgen" and it.answer is None and it.scorer is None
+        assert (it.messages, it.prompt, it.category) == (src.messages, src.prompt, src.category)
+        assert it.max_tokens == generated.LONGGEN_MAX_TOKENS
+    assert generate("longgen", seed=5) == items  # a shipped file: no seed
+    with pytest.raises(UsageError, match="has 64 prompts"):
+        generate("longgen", limit=65)
+
+
+def test_longgen_profile_keeps_the_categories_that_write_long() -> None:
+    items = _profile_items("longgen")
+    assert len(items) == 34 and len({it.id for it in items}) == 34
+    assert {it.category for it in items} == {"chat", "tool_use", "writing", "qa", "reasoning", "completion"}
+    assert all(it.answer is None and it.max_tokens == 512 for it in items)
+    assert sum(it.max_tokens for it in items) <= 20_000  # the most one arm can generate
+
+
+def test_longgen_profile_resolves_and_loads() -> None:
+    from kvqual.suites import load_suites, resolve_specs
+
+    assert resolve_specs(["profile:longgen"]) == [
+        "builtin:longgen[chat,tool_use,writing,qa,reasoning,completion]@34"]
+    (suite,) = load_suites(["profile:longgen"], seed=1234, limit=None)
+    assert suite.ref.name == "longgen" and suite.ref.n_items == 34

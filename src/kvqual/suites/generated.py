@@ -2,7 +2,9 @@
 
 Each suite is a pure function of (seed, item index): item i never depends on how many
 items were asked for, so `generate(name, limit=k)` is the first k items of the full suite
-and one seed always gives byte-identical items. No model or tokenizer is needed: lengths
+and one seed always gives byte-identical items. `longgen` is the exception that takes no
+seed: the shipped training-prompt example (`data/training_prompts.jsonl`) with a long
+max_tokens, the `longgen` profile's prompts (docs/longgen.md). No model or tokenizer is needed: lengths
 in tokens are approximated as characters / CHARS_PER_TOKEN (measured on the filler with
 the SmolLM2 tokenizer: 3.99-4.04 characters per token).
 """
@@ -10,11 +12,14 @@ the SmolLM2 tokenizer: 3.99-4.04 characters per token).
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import random
 import sys
 import dataclasses
 from dataclasses import dataclass
+from importlib import resources
 from typing import Callable
 
 from kvqual.errors import UsageError
@@ -231,6 +236,37 @@ def _instruct_item(suite: str, seed: int, i: int) -> Item:
                 scorer=scorer, scorer_params=params, max_tokens=64, category=kind)
 
 
+# --- long generation on training prompts ------------------------------------------------
+
+# max_tokens of a `longgen` item, sized for the embedded default (docs/longgen.md): kvqual serve
+# admits a request when prompt + max_tokens fit its free KV tokens, so at 512 the built-in bf16
+# target (11,650 tokens) decodes ~20 at once (at 1,024: 10, half the throughput); the long prompts'
+# outputs reach the 256-1,023 KL bucket and a runaway stops at 2x the default cap. On a GPU server,
+# sample your own prompts with `kvqual sample --max-tokens 4000` instead.
+LONGGEN_MAX_TOKENS = 512
+TRAINING_PROMPTS = "training_prompts.jsonl"  # kvqual/suites/data/: the shipped training-prompt example
+
+
+@functools.lru_cache(maxsize=1)
+def _training_prompts() -> tuple[dict, ...]:
+    """The shipped training-prompt example (the package's copy of suites/training_prompts.jsonl)."""
+    text = resources.files("kvqual.suites").joinpath("data", TRAINING_PROMPTS).read_text(encoding="utf-8")
+    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+
+
+def _longgen_item(suite: str, seed: int, i: int) -> Item:
+    """Prompt i of the training-prompt example, without an answer (compared by distribution: lengths,
+    truncation, loops, distinct-2, teacher-forced KL by position), with a long max_tokens."""
+    prompts = _training_prompts()
+    if i >= len(prompts):
+        raise UsageError(f"built-in suite {suite!r} has {len(prompts)} prompts (asked for item {i})")
+    from kvqual.suites.jsonl import parse_item
+
+    item = parse_item(prompts[i], suite=suite, path=f"kvqual/suites/data/{TRAINING_PROMPTS}", line=i + 1)
+    return dataclasses.replace(item, max_tokens=LONGGEN_MAX_TOKENS,
+                               meta={**(item.meta or {}), "source_line": i + 1})
+
+
 @dataclass(frozen=True)
 class BuiltinSuite:
     """A generated suite: its name, what it probes, its scorer(s), its default size."""
@@ -240,6 +276,7 @@ class BuiltinSuite:
     scorer: str
     default_n: int
     make: Callable[[str, int, int], Item]
+    seeded: bool = True  # False: fixed items (a shipped file), the same for every seed
 
 
 BUILTIN_SUITES: dict[str, BuiltinSuite] = {
@@ -266,6 +303,9 @@ BUILTIN_SUITES: dict[str, BuiltinSuite] = {
         BuiltinSuite("instruct", "instruction following: use a word, a numbered list, a word limit, "
                      "JSON keys, a given first word", "contains/regex/word_count/json_keys",
                      40, _instruct_item),
+        BuiltinSuite("longgen", "long generation: the 64 shipped training prompts (code, chat, writing, ...) "
+                     f"without answers, max_tokens {LONGGEN_MAX_TOKENS}; judged on lengths, truncation, loops "
+                     "and KL by position", "(none)", 64, _longgen_item, seeded=False),
     )
 }
 
@@ -282,6 +322,9 @@ PROFILES: dict[str, tuple[ProfileEntry, ...]] = {
                 ("kv_recall", 24, ()), ("long_decode", 16, ()), ("arith", 40, ()), ("instruct", 30, ())),
     # the cache-path probe (docs/cache.md): 12 shared documents, 4 questions each
     "cache": (("shared_prefix", 48, ()),),
+    # long generation (docs/longgen.md): the shipped training prompts of the categories on which the
+    # embedded default writes long (27 of these 34 ran past 170 tokens, against 7 of the other 30)
+    "longgen": (("longgen", 34, ("chat", "tool_use", "writing", "qa", "reasoning", "completion")),),
     "thorough": (("passkey", 72, ()), ("passkey_long", 12, ()), ("needles", 48, ()), ("kv_recall", 72, ()),
                  ("long_decode", 48, ()), ("arith", 150, ()), ("instruct", 100, ())),
 }
