@@ -555,3 +555,128 @@ def test_streamed_token_ids_add_up_to_the_generated_ids():
                           "logprobs": {"tokens": [" 4"], "token_logprobs": [-0.1], "top_logprobs": [{" 4": -0.1}]}}]},
             {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}]
     assert parse_completion(merge_completion_stream(text), 1).logprobs.token_ids == (9,)
+
+
+def _behaviours_app(seen: list):
+    """A server with one path per way a POST can end: an answer (plain, gzipped, after a redirect),
+    an error status (with Retry-After), a redirect loop, a body cut short, a connection closed
+    before any response, a response too slow to come."""
+    import asyncio
+    import gzip
+
+    from aiohttp import web
+
+    answer = {"model": "m", "choices": [{"text": " x", "finish_reason": "stop"}]}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        seen.append((name, {k: v for k, v in request.headers.items()}, await request.read()))
+        if name == "ok":
+            return web.json_response(answer)
+        if name == "gzip":
+            return web.Response(body=gzip.compress(json.dumps(answer).encode()),
+                                headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        if name == "redirect":
+            raise web.HTTPTemporaryRedirect("/v1/ok")
+        if name == "loop":
+            raise web.HTTPTemporaryRedirect("/v1/loop")
+        if name == "e500":
+            return web.Response(status=500, text="boom " * 100, headers={"Retry-After": "2"})
+        if name == "e400":
+            return web.json_response({"error": {"message": "bad prompt"}}, status=400)
+        if name == "e301":
+            return web.Response(status=301, text="moved")  # no Location: not followed
+        if name == "cut":
+            response = web.StreamResponse(headers={"Content-Length": "100000", "Content-Type": "application/json"})
+            await response.prepare(request)
+            await response.write(b'{"model": "m", "choices": [')
+            request.transport.close()
+            return response
+        if name == "close":
+            request.transport.close()
+            return web.Response()
+        if name == "slow":
+            await asyncio.sleep(3)
+            return web.json_response(answer)
+        raise web.HTTPNotFound()
+
+    app = web.Application()
+    app.router.add_post("/v1/{name}", handle)
+    return app
+
+
+def test_the_direct_post_sends_and_fails_as_the_sdk_does():
+    """`Transport.post_json` skips the SDK's request building on a plain-http target: the same
+    request goes out (headers, auth, body bytes), and every way it can end gives the same answer or
+    the same failure as the SDK's own POST: `classify`'s message, retry class and Retry-After, and
+    `runner.closed_before_response`. Only a redirect loop is told in other words (aiohttp's and
+    httpx's), in the same retry class."""
+    import asyncio
+    import socket
+
+    from aiohttp import web
+
+    from kvqual.runner import closed_before_response
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        refused = s.getsockname()[1]
+
+    async def outcomes(direct: bool, seen: list) -> dict[str, tuple]:
+        runner = web.AppRunner(_behaviours_app(seen))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS picked
+        transport = client.Transport(f"http://127.0.0.1:{port}/v1", "sekret-direct-test", timeout=1.0)
+        assert transport._direct  # noqa: SLF001 - a plain-http target takes the direct POST
+        transport._direct = direct  # noqa: SLF001 - the SDK's path, for the side by side
+        out: dict[str, tuple] = {}
+        try:
+            for name in ("ok", "gzip", "redirect", "e500", "e400", "e301", "cut", "close", "slow", "loop", "ok"):
+                try:
+                    out[name] = ("answer", await transport.post_json(f"/{name}", {"model": "m", "prompt": "p"}))
+                except Exception as exc:  # noqa: BLE001 - what the runner records
+                    info = classify(exc)
+                    out[name] = ("failed", info.message, info.transient, info.retry_after, closed_before_response(exc))
+            other = client.Transport(f"http://127.0.0.1:{refused}/v1", "", timeout=1.0)
+            other._direct = direct  # noqa: SLF001
+            try:
+                await other.post_json("/ok", {"model": "m"})
+            except Exception as exc:  # noqa: BLE001
+                info = classify(exc)
+                out["refused"] = ("failed", info.message, info.transient, info.retry_after, closed_before_response(exc))
+            finally:
+                await other.aclose()
+        finally:
+            await transport.aclose()
+            await runner.cleanup()
+        return out
+
+    seen_sdk: list = []
+    seen_direct: list = []
+    sdk = asyncio.run(outcomes(False, seen_sdk))
+    direct = asyncio.run(outcomes(True, seen_direct))
+    assert sdk["ok"][0] == sdk["gzip"][0] == sdk["redirect"][0] == "answer"
+    assert sdk["e500"][1].startswith("HTTP 500: boom") and sdk["e500"][2:4] == (True, 2.0)
+    assert sdk["e400"][1].startswith("HTTP 400: ") and sdk["e400"][2] is False
+    assert sdk["slow"][1] == "timeout" and sdk["close"][4] is True and sdk["refused"][1].startswith("connection error")
+    loop_sdk, loop_direct = sdk.pop("loop"), direct.pop("loop")
+    assert loop_sdk[0] == loop_direct[0] == "failed" and loop_sdk[2] == loop_direct[2]
+    assert direct == sdk
+    # the same requests: every header (auth, the SDK's own, Accept-Encoding) and the same body bytes
+    def sent(seen: list) -> list:  # header names are case-insensitive; Host names the port of each run's server
+        return [(n, {k.lower(): v for k, v in h.items() if k.lower() != "host"}, b) for n, h, b in seen if n != "loop"]
+
+    assert sent(seen_direct) == sent(seen_sdk)
+    assert seen_direct[0][1]["Authorization"] == "Bearer sekret-direct-test"
+
+
+def test_the_sdk_path_is_kept_where_the_direct_post_would_differ(monkeypatch):
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    assert client.Transport("http://127.0.0.1:9/v1", "", 5)._direct  # noqa: SLF001
+    assert not client.Transport("https://example.invalid/v1", "", 5)._direct  # noqa: SLF001 - TLS: the SDK's
+    assert not client.Transport("http://127.0.0.1:9/v1?x=1", "", 5)._direct  # noqa: SLF001
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    assert not client.Transport("http://127.0.0.1:9/v1", "", 5)._direct  # noqa: SLF001 - the SDK honours proxies

@@ -563,8 +563,28 @@ def backoff_delay(attempt: int, rng: random.Random, base: float = 0.5, cap: floa
 
 # ---------------------------------------------------------------- transport
 
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
+
+
+def _proxied() -> bool:
+    """A proxy is set in the environment (the SDK's client honours it; the direct POST does not)."""
+    import os
+
+    return any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARIABLES)
+
+
 class Transport:
-    """One AsyncOpenAI client per base URL (aiohttp backend), retries handled by the runner."""
+    """One AsyncOpenAI client per base URL (aiohttp backend), retries handled by the runner.
+
+    The non-streamed POST to a plain-http server (`post_json`: every answer of a non-streamed run,
+    every teacher-forcing echo) skips the SDK's request building (its options models, header
+    merging, URL parsing and response wrapping were ~0.75 ms of client CPU a request, a third of
+    kvqual's; docs/performance.md) and goes out on an aiohttp session of its own configured as the
+    SDK's is (same headers, auth included; same body bytes; the same timeouts, connection limit,
+    keep-alive and redirects). What comes back is what the SDK would give: the same openai
+    exceptions, chained to the same aiohttp errors (`_sdk_error`), so `classify` and the runner's
+    retry rules see no difference. Streamed requests, GETs, https targets and any target behind a
+    proxy set in the environment go through the SDK as before."""
 
     def __init__(self, base_url: str, api_key: str, timeout: float) -> None:
         self.base_url = base_url.rstrip("/")
@@ -574,22 +594,86 @@ class Transport:
         plain_http = self.base_url.lower().startswith("http://")
         import openai  # here, not at the top: commands that never send a request (report, --help) skip its ~1 s
 
+        self._timeout = timeout
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0,
             http_client=openai.DefaultAioHttpClient(timeout=timeout, verify=not plain_http),
         )
+        self._direct = plain_http and "?" not in self.base_url and "#" not in self.base_url and not _proxied()
+        self._session: Any = None  # the direct POST's aiohttp session, made in the loop that first posts
+        self._headers: dict[str, str] | None = None
 
     async def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST `body` to `path` under the /v1 root; the parsed JSON, or an openai error, or
         `InvalidResponse` (over `MAX_RESPONSE_BYTES`, not JSON, non-finite, another model's)."""
-        response = await self._client.post(path, body=body, cast_to=httpx.Response, stream=True)
-        try:
-            raw = await _read_capped(response, self.base_url)
-        finally:
-            await response.aclose()
+        if self._direct:
+            raw = await self._post_direct(path, body)
+        else:
+            response = await self._client.post(path, body=body, cast_to=httpx.Response, stream=True)
+            try:
+                raw = await _read_capped(response, self.base_url)
+            finally:
+                await response.aclose()
         data = decode_json(raw, self.base_url)
         check_model(body.get("model"), data, self.base_url)
         return data
+
+    def _sdk_headers(self) -> dict[str, str]:
+        """The headers the SDK sends with a POST (its defaults, auth, retry count 0, read timeout)
+        plus httpx's Accept-Encoding and Connection; computed once, inside the event loop (one of
+        them names it)."""
+        if self._headers is None:
+            headers = {k: v for k, v in {**self._client.default_headers, **self._client.auth_headers}.items()
+                       if isinstance(v, str)}
+            headers["x-stainless-retry-count"] = "0"
+            headers["x-stainless-read-timeout"] = str(self._timeout)
+            headers["Accept-Encoding"] = "gzip, deflate"
+            headers["Connection"] = "keep-alive"
+            self._headers = headers
+        return self._headers
+
+    async def _post_direct(self, path: str, body: Mapping[str, Any]) -> bytes:
+        import aiohttp
+
+        # the SDK's encoding of a body (openai._utils._json.openapi_dumps): NaN is refused before sending
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        url = f"{self.base_url}/{path.lstrip('/')}"
+        if self._session is None:
+            # the SDK's client: 1000 connections, 5 s keep-alive, no TLS on a plain-http target
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=1000, keepalive_timeout=5.0, ssl=False))
+        t = self._timeout
+        try:
+            response = await self._session.post(
+                url, data=data, headers=self._sdk_headers(), max_redirects=20,
+                timeout=aiohttp.ClientTimeout(sock_connect=t, sock_read=t, connect=t)).__aenter__()
+        except Exception as exc:  # noqa: BLE001 - mapped to what the SDK raises for it
+            mapped = _sdk_error(exc, url)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        try:
+            declared = response.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
+                raise InvalidResponse(_too_big(self.base_url))
+            parts: list[bytes] = []
+            size = 0
+            try:
+                async for part in response.content.iter_any():
+                    size += len(part)
+                    if size > MAX_RESPONSE_BYTES:
+                        raise InvalidResponse(_too_big(self.base_url))
+                    parts.append(part)
+            except InvalidResponse:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a body that breaks off, as `_read_capped` reports it
+                raise _sdk_error(exc, url, reading=True) from exc
+            raw = b"".join(parts)
+            if not 200 <= response.status < 300:  # httpx's raise_for_status, under the SDK: 3xx not followed too
+                raise _status_error(response, raw, url)
+            return raw
+        finally:
+            response.release()
 
     async def post_stream(self, path: str, body: Mapping[str, Any], chat: bool) -> tuple[list[dict[str, Any]], float | None, float | None]:
         """POST a streamed request; (chunks, seconds to the first token, seconds to the last token)."""
@@ -621,7 +705,44 @@ class Transport:
         return response.json()
 
     async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
         await self._client.close()
+
+
+def _sdk_error(exc: BaseException, url: str, reading: bool = False) -> BaseException:
+    """What the SDK raises (with `from exc`) for an aiohttp error of its aiohttp transport: that
+    transport maps every aiohttp connection error (timeouts, refusals, resets, disconnects) to an
+    httpx timeout, which the SDK raises as APITimeoutError, and a broken payload or a bad URL to a
+    request error, raised as APIConnectionError; anything else it lets through as it is. Reading
+    the body (`reading`), every error that is not a timeout is APIConnectionError, as
+    `_read_capped` says it. `classify` then finds the same aiohttp error under the same openai one."""
+    import aiohttp
+    import httpx2
+    import openai
+
+    request = httpx2.Request("POST", url)
+    if isinstance(exc, aiohttp.ClientConnectionError):
+        return openai.APITimeoutError(request=request)
+    if reading:
+        return openai.APIConnectionError(message=f"response broke off: {exc}", request=request)
+    # httpx's own errors for a too long redirect chain or a URL it cannot send to are request errors too
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.TooManyRedirects, aiohttp.NonHttpUrlClientError,
+                        aiohttp.InvalidUrlClientError)):
+        return openai.APIConnectionError(request=request)
+    return exc
+
+
+def _status_error(response: Any, body: bytes, url: str) -> BaseException:
+    """The SDK's APIStatusError for a response that is not 2xx: its status, headers and body (read
+    already; decoded, so its Content-Encoding is dropped) are what `classify` reads."""
+    import httpx2
+    import openai
+
+    headers = [(k, v) for k, v in response.raw_headers if k.lower() != b"content-encoding"]
+    resp = httpx2.Response(response.status, headers=headers, content=body, request=httpx2.Request("POST", url))
+    return openai.APIStatusError(f"Error code: {response.status}", response=resp, body=None)
 
 
 def _too_big(server: str) -> str:
