@@ -180,3 +180,45 @@ def test_kl_upto_compares_up_to_the_first_differing_token_and_no_further() -> No
     assert out[key] == pytest.approx(expect, rel=1e-5)  # position 3 (the differing token) is compared
     assert ("s", "2", 0) not in out  # asks for more positions than there are
     assert pos.kl_upto(a, b, {key: 5}) == {}  # past the differing token the contexts differ: left out
+
+
+def test_first_divergences_match_the_one_pair_form(monkeypatch) -> None:
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(pos, "CHUNK", 16)  # pairs across many chunks
+    base, other = {}, {}
+    for i in range(60):
+        n = int(rng.integers(0, 12))
+        a = [f"token_id:{int(t)}" for t in rng.integers(0, 4, n)]
+        b = list(a)
+        kind = i % 5
+        if kind == 1 and n:
+            b[int(rng.integers(0, n))] = "token_id:9"  # one token differs
+        elif kind == 2:
+            b = b[: int(rng.integers(0, n + 1))]  # a prefix
+        elif kind == 3:
+            b = b + ["token_id:1"] * int(rng.integers(1, 4))  # longer
+        elif kind == 4:
+            b = [f"token_id:{int(t)}" for t in rng.integers(0, 4, int(rng.integers(0, 12)))]
+        key = ("s", f"{i:02d}", 0)
+        base[key] = TokenLogprobs(tuple(a), (0.0,) * len(a))
+        other[key] = TokenLogprobs(tuple(b), (0.0,) * len(b))
+    ta, tb = pos.from_logprobs(_wrap(base), top_k=False), pos.from_logprobs(_wrap(other), top_k=False)
+    keys = sorted(base)
+    assert pos.first_divergences(ta, tb, keys) == [pos.first_divergence(ta.tokens_of(k), tb.tokens_of(k)) for k in keys]
+    assert pos.first_divergences(ta, tb, keys) == [tk.first_divergence(base[k].tokens, other[k].tokens) for k in keys]
+    assert pos.first_divergences(ta, tb, []) == []
+
+
+def test_compare_forced_is_the_same_in_any_chunking(monkeypatch) -> None:
+    rng = np.random.default_rng(21)
+    vocab = [f"token_id:{i}" for i in range(40)]
+    base = {("s", f"{i:02d}", 0): _record(rng, int(rng.integers(1, 30)), vocab) for i in range(25)}
+    cand = {k: TokenLogprobs(v.tokens, *(_record(rng, len(v.tokens), vocab).__dict__[f]
+                                         for f in ("token_logprobs", "top_logprobs"))) for k, v in base.items()}
+    keys = sorted(base)
+    whole = pos.compare_forced(pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(cand)), keys)
+    monkeypatch.setattr(pos, "CHUNK", 7)
+    small = pos.compare_forced(pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(cand)), keys)
+    for f in ("starts", "kl", "same_top1", "delta_p", "delta_logprob", "position"):
+        assert np.array_equal(getattr(whole, f), getattr(small, f)), f
+    assert whole.keys == small.keys == keys and whole.differ == small.differ == set()

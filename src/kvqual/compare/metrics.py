@@ -91,6 +91,21 @@ def divergence(a: Sample, b: Sample, ta: pos.TokenArrays | None = None, tb: pos.
     return tk.first_divergence(a.text or "", b.text or "")
 
 
+def divergences(pairs: list[tuple[Sample, Sample]], ta: pos.TokenArrays | None,
+                tb: pos.TokenArrays | None) -> dict[Key, int | None]:
+    """`divergence` of every pair, by the baseline's key: on token codes in one vectorized pass
+    where both arms have them (`pos.first_divergences`), else one pair at a time."""
+    out: dict[Key, int | None] = {}
+    coded = [] if ta is None or tb is None else [(a, b) for a, b in pairs if a.key in ta.index and b.key in tb.index]
+    if coded:
+        found = pos.first_divergences(ta, tb, [a.key for a, _ in coded])
+        by_b = dict(zip((b.key for _, b in coded), found))  # a pair's two keys are the same key
+        for a, b in pairs:
+            out[a.key] = by_b[b.key] if b.key in by_b else divergence(a, b, ta, tb)
+        return out
+    return {a.key: divergence(a, b, ta, tb) for a, b in pairs}
+
+
 def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
     if known is not None and s.key in known:
         return known[s.key]
@@ -100,10 +115,20 @@ def _looping(s: Sample, known: Mapping[Key, bool] | None) -> bool:
 LENGTH_QUANTILES = (50, 90, 99)
 
 
-def distinct2(samples: Mapping[Key, Sample]) -> dict[Key, float | None]:
+def distinct2(samples: Mapping[Key, Sample], memo: dict[str, float | None] | None = None) -> dict[Key, float | None]:
     """distinct-2 of each answered sample's output (computed once per sample: every suite's and
-    the overall section's generation metrics read it, the baseline's in both A/B and A/A)."""
-    return {k: tk.distinct_n(s.text or "") for k, s in samples.items() if s.ok}
+    the overall section's generation metrics read it, the baseline's in both A/B and A/A).
+    `memo`: text → distinct-2, shared by the arms, so an output that is the same in two arms
+    (most A/A replicates, many candidates) is counted once."""
+    memo = {} if memo is None else memo
+    out: dict[Key, float | None] = {}
+    for k, s in samples.items():
+        if s.ok:
+            text = s.text or ""
+            if text not in memo:
+                memo[text] = tk.distinct_n(text)
+            out[k] = memo[text]
+    return out
 
 
 def _diversity(pairs: list[tuple[Sample, Sample]],
@@ -463,11 +488,13 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
     ab_tok, aa_tok = evidence.ab, evidence.aa
     again = base_forced_again if aa_tok is not None else None
     loops = loops or (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
-    div_ab = {a.key: divergence(a, b, base.tokens, cand.tokens) for a, b in ab_all}
+    div_ab = divergences(ab_all, base.tokens, cand.tokens)
     aa_all, _ = _pairs(base.samples, aa.samples, [k for k in keys if k in aa.samples]) if aa is not None else ([], 0)
-    div_aa = {a.key: divergence(a, b, base.tokens, aa.tokens) for a, b in aa_all} if aa is not None else {}
-    d2_base, d2_cand = distinct2(base.samples), distinct2(cand.samples)
-    d2_aa = distinct2(aa.samples) if aa is not None else {}
+    div_aa = divergences(aa_all, base.tokens, aa.tokens) if aa is not None else {}
+    memo: dict[str, float | None] = {}
+    d2_base, d2_cand = distinct2(base.samples, memo), distinct2(cand.samples, memo)
+    d2_aa = distinct2(aa.samples, memo) if aa is not None else {}
+    del memo
     sections: dict[str, Any] = {}
     for suite in suites + [OVERALL]:
         sk = [k for k in keys if suite == OVERALL or k[0] == suite]

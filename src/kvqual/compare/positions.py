@@ -276,6 +276,31 @@ def first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
     return None if a.size == b.size else n
 
 
+def first_divergences(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> list[int | None]:
+    """`first_divergence` of each key's rows in `a` and `b` (every key in both), a chunk of pairs
+    at a time: one comparison over their common positions instead of a few numpy calls a pair."""
+    out: list[int | None] = []
+    if not keys:
+        return out
+    ra, rb = a.rows(keys), b.rows(keys)
+    la, lb = a.lengths(ra), b.lengths(rb)
+    n = np.minimum(la, lb)
+    for lo, hi in _pair_chunks(n):
+        m = n[lo:hi]
+        differs = a.tokens[_gather(a.starts, ra[lo:hi], m)] != b.tokens[_gather(b.starts, rb[lo:hi], m)]
+        at = np.flatnonzero(differs)  # flat positions that differ, in pair order
+        seg = np.zeros(m.size + 1, dtype=np.int64)
+        np.cumsum(m, out=seg[1:])
+        first = np.searchsorted(at, seg[:-1])  # each pair's first differing flat position, if inside it
+        found = first < at.size
+        found[found] = at[first[found]] < seg[1:][found]
+        offset = np.zeros(m.size, dtype=np.int64)
+        offset[found] = at[first[found]] - seg[:-1][found]
+        for f, d, x, y, k in zip(found.tolist(), offset.tolist(), la[lo:hi].tolist(), lb[lo:hi].tolist(), m.tolist()):
+            out.append(d if f else (None if x == y else k))
+    return out
+
+
 def topk_kl(bc: np.ndarray, bl: np.ndarray, cc: np.ndarray, cl: np.ndarray) -> np.ndarray:
     """`tokens.topk_kl` for every row of (n, k) code and logprob arrays (PAD / -inf where empty).
     Rows whose two top-k lists hold the same tokens in the same order (most positions of two close
@@ -380,27 +405,48 @@ def compare_forced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> PairP
     la, lb = a.lengths(ra), b.lengths(rb)
     same_len = (la == lb) & a.top_ok[ra] & b.top_ok[rb] if keys else np.zeros(0, bool)
     n = np.where(same_len, la, 0)
-    ia, ib = _gather(a.starts, ra, n), _gather(b.starts, rb, n)
-    agree = _per_pair_all(a.tokens[ia] == b.tokens[ib], n) & same_len & (la > 0)
+    # which pairs agree token for token, a chunk of pairs at a time (no index arrays over every position)
+    agree = np.zeros(len(keys), dtype=bool)
+    for lo, hi in _pair_chunks(n):
+        m = n[lo:hi]
+        agree[lo:hi] = _per_pair_all(a.tokens[_gather(a.starts, ra[lo:hi], m)] == b.tokens[_gather(b.starts, rb[lo:hi], m)], m)
+    agree &= same_len & (la > 0)
     differ = {k for k, ok in zip(keys, agree) if not ok}
     kept = [k for k, ok in zip(keys, agree) if ok]
     lengths = n[agree]
-    chosen = np.repeat(agree, n)
-    ia, ib = ia[chosen], ib[chosen]
-    kl = np.empty(ia.size)
-    same = np.empty(ia.size, dtype=bool)
-    top1_a = a.top1() if ia.size else None
-    for s in range(0, ia.size, CHUNK):
-        xa, xb = ia[s:s + CHUNK], ib[s:s + CHUNK]
-        bc, bl = b.top_codes[xb], b.top_lp[xb]
-        kl[s:s + CHUNK] = topk_kl(a.top_codes[xa], a.top_lp[xa], bc, bl)
-        same[s:s + CHUNK] = top1_a[xa] == _top1(bc, bl, b)
-    lp_a, lp_b = a.logprob[ia], b.logprob[ib]
+    ra, rb = ra[agree], rb[agree]
     starts = np.zeros(len(kept) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
-    position = (np.arange(ia.size) - np.repeat(starts[:-1], lengths)).astype(np.int32)
-    return PairPositions(kept, starts, kl, same, (np.exp(lp_b) - np.exp(lp_a)).astype(np.float32),
-                         (lp_b - lp_a).astype(np.float32), position, differ)
+    total = int(starts[-1])
+    kl = np.empty(total)
+    same = np.empty(total, dtype=bool)
+    delta_p = np.empty(total, dtype=np.float32)
+    delta_lp = np.empty(total, dtype=np.float32)
+    position = np.empty(total, dtype=np.int32)
+    top1_a = a.top1() if total else None
+    for lo, hi in _pair_chunks(lengths):  # every per-position figure is elementwise: chunks change no bit
+        s, e = int(starts[lo]), int(starts[hi])
+        m = lengths[lo:hi]
+        xa, xb = _gather(a.starts, ra[lo:hi], m), _gather(b.starts, rb[lo:hi], m)
+        bc, bl = b.top_codes[xb], b.top_lp[xb]
+        kl[s:e] = topk_kl(a.top_codes[xa], a.top_lp[xa], bc, bl)
+        same[s:e] = top1_a[xa] == _top1(bc, bl, b)
+        lp_a, lp_b = a.logprob[xa], b.logprob[xb]
+        delta_p[s:e] = np.exp(lp_b) - np.exp(lp_a)
+        delta_lp[s:e] = lp_b - lp_a
+        position[s:e] = np.arange(s, e) - np.repeat(starts[lo:hi], m)
+    return PairPositions(kept, starts, kl, same, delta_p, delta_lp, position, differ)
+
+
+def _pair_chunks(lengths: np.ndarray) -> Iterable[tuple[int, int]]:
+    """Consecutive ranges of pairs [lo, hi) of about CHUNK positions each (a longer pair alone)."""
+    ends = np.cumsum(lengths)
+    lo = 0
+    while lo < lengths.size:
+        done = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, done + CHUNK, side="right")))
+        yield lo, hi
+        lo = hi
 
 
 def kl_upto(a: TokenArrays, b: TokenArrays, upto: Mapping[Key, int]) -> dict[Key, float]:
