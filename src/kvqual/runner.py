@@ -286,6 +286,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
     rng = random.Random(plan.params.seed)
     consecutive_conn_failures = 0
     abort: list[BaseException] = []
+    run_id = plan.run_id  # a hash of the plan's identity: once, not once a request
 
     async def worker() -> None:
         nonlocal consecutive_conn_failures
@@ -295,7 +296,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
             slot = min(range(len(transports)), key=in_flight.__getitem__)  # least-loaded replica
             in_flight[slot] += 1
             try:
-                salt = plan.target.cache_salt(plan.run_id, (item.suite, item.id, repeat))
+                salt = plan.target.cache_salt(run_id, (item.suite, item.id, repeat))
                 sample, reconnects = await request_one(transports[slot], item, repeat, plan.params, plan.model,
                                                        run.retries, rng, salt)
             except ServerContractError as exc:

@@ -113,7 +113,7 @@ def sample_line(sample: Sample) -> str:
     """The samples.jsonl line of a sample whose logprobs go to the token file."""
     if sample.logprobs is None:
         return dumps_line(sample.to_json())
-    return dumps_line({**replace(sample, logprobs=None).to_json(), TOKEN_DATA: True})
+    return dumps_line({**sample.to_json(logprobs=False), TOKEN_DATA: True})
 
 
 def load_samples(run_dir: str | Path, logprobs: Literal["all", "tokens", "inline"] = "all") -> dict[Key, Sample]:

@@ -62,7 +62,6 @@ def tokens_path(jsonl: Path) -> Path:
 
 
 _ID_STRING = r"^token_id:(0|[1-9][0-9]*)$"  # the form `_strings` writes back: N as an id prints
-_NO_IDS = pa.array([], type=pa.int64())
 
 
 def _ids_of(strings: pa.Array) -> pa.Array | None:
@@ -70,24 +69,37 @@ def _ids_of(strings: pa.Array) -> pa.Array | None:
     (a regex match, a slice, a cast), not a Python `int()` per string: this runs for every answer
     received, on 256 tokens and 1,280 top-k names at 256 x top-5. Strings whose first is not an id
     are told at once."""
-    if len(strings) == 0:
-        return _NO_IDS
+    if len(strings) == 0:  # made here, not at import: pyarrow's first pa.array imports pandas (~0.3 s)
+        return pa.array([], type=pa.int64())
     if not strings[0].as_py().startswith(ID_PREFIX) or not pc.all(pc.match_substring_regex(strings, _ID_STRING)).as_py():
         return None
     return pc.cast(pc.utf8_slice_codeunits(strings, len(ID_PREFIX)), pa.int64())
 
 
 def _offsets(lengths: Iterable[int], n: int) -> pa.Array:
+    lengths = list(lengths)
+    if n and len(set(lengths)) == 1:  # every position lists k alternatives (the usual): no cumulative sum
+        k = lengths[0]
+        return pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32)) if k else pa.array(np.zeros(n + 1, np.int32))
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(np.fromiter(lengths, dtype=np.int32, count=n), out=offsets[1:])
     return pa.array(offsets)
+
+
+_ONE_ROW: dict[int, pa.Array] = {}  # [0, n] offsets of a one-row list column, by n (answers come in a few lengths)
 
 
 def _one(values: pa.Array | None, typ: pa.DataType) -> pa.Array:
     """A one-row list column holding `values` (a null row when None)."""
     if values is None:
         return pa.nulls(1, typ)
-    return pa.ListArray.from_arrays(pa.array(np.array([0, len(values)], dtype=np.int32)), values)
+    n = len(values)
+    offsets = _ONE_ROW.get(n)
+    if offsets is None:
+        offsets = pa.array(np.array([0, n], dtype=np.int32))
+        if len(_ONE_ROW) < 4096:
+            _ONE_ROW[n] = offsets
+    return pa.ListArray.from_arrays(offsets, values)
 
 
 _FIELD_TYPES = {f.name: f.type for f in SCHEMA}
