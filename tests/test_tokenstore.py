@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import kvqual
 from kvqual import tokenstore
 from kvqual.records import Sample, TokenLogprobs
 from kvqual.store import SAMPLES, load_samples
@@ -111,3 +112,14 @@ def test_commands_that_do_not_serve_import_neither_torch_nor_transformers_and_th
             "print(sorted(m for m in ('torch', 'transformers', 'openai') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_version_imports_neither_torch_nor_pandas() -> None:
+    """`kvqual --version` (0.6 s; issue 15's bar is 1 s, benchmarks/docs/performance.md) builds the
+    parser, which imports the token store: no pa.array at import, since pyarrow's first one imports
+    pandas (~0.3 s), and nothing of the model (torch, transformers) or the SDK."""
+    code = ("import sys, runpy\nsys.argv = ['kvqual', '--version']\ntry:\n    runpy.run_module('kvqual', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'openai', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines() == [f"kvqual {kvqual.__version__}", "[]"], out.stdout + out.stderr
