@@ -123,3 +123,25 @@ def test_version_imports_neither_torch_nor_pandas() -> None:
             "print(sorted(m for m in ('torch', 'transformers', 'openai', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines() == [f"kvqual {kvqual.__version__}", "[]"], out.stdout + out.stderr
+
+
+def test_mapped_batches_held_by_the_caller_stay_whole(tmp_path, monkeypatch) -> None:
+    """The file is mapped and each batch's pages dropped once the caller has had it: batches (and
+    arrays viewing them) the caller keeps still read their bytes, across many page-sized batches,
+    and equal what a plain read of the stream gives."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(tokenstore, "READ_BATCH", 3)
+    path = tmp_path / "x.tokens.arrow"
+    f = tokenstore.TokenFile.open(path)
+    lps = [IDS, TEXT, NOT_IDS, ECHO, TAB, OTHER_IDS] * 200  # ~1,200 rows: batches across many pages
+    for i, lp in enumerate(lps):
+        f.append(("s", str(i), 0), lp)
+    f.close()
+    kept = list(tokenstore.iter_batches(path))  # every batch held while later pages are dropped
+    assert len(kept) == 400
+    plain = pa.Table.from_batches(list(pa.ipc.open_stream(pa.OSFile(str(path)))))
+    assert pa.Table.from_batches(kept).equals(plain)
+    views = [b.column("top_logprobs").flatten().flatten().to_numpy(zero_copy_only=False) for b in kept]
+    assert sum(v.size for v in views) == sum(len(t) for lp in lps for t in lp.top_logprobs)
+    assert tokenstore.load_logprobs(path) == {("s", str(i), 0): lp for i, lp in enumerate(lps)}

@@ -22,6 +22,7 @@ float32 values widened to JSON doubles, so nothing is lost on those).
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 from itertools import chain
 from pathlib import Path
@@ -144,17 +145,33 @@ def iter_batches(path: Path, columns: Iterable[str] | None = None) -> Iterator[p
     if not (path.is_file() and path.stat().st_size):
         return
     keep = with_key(columns)
-    with pa.OSFile(str(path), "rb") as source:
+    # Mapped, not read: a batch's buffers are the page cache's own pages, where reading copied them
+    # into fresh memory the kernel first zeroes (a fifth of the judge's CPU at 20k items went to
+    # zeroing pages, a third of that to the reads). Once the caller has had a batch, its pages are
+    # dropped from this process (MADV_DONTNEED: the page cache keeps them, and a view still held
+    # reads them again), so at most a batch of the file counts in its memory. Writers never
+    # truncate a file in place (TokenFile writes a new one and renames it): a mapping stays whole.
+    with path.open("rb") as fh:
         try:
-            reader = pa.ipc.open_stream(source)
-        except (pa.ArrowInvalid, OSError):
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
             return
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except (StopIteration, pa.ArrowInvalid, OSError):  # the end, or a batch torn by a killed writer
-                return
-            yield batch if keep is None else batch.select(keep)
+    source = pa.BufferReader(pa.py_buffer(mapped))
+    try:
+        reader = pa.ipc.open_stream(source)
+    except (pa.ArrowInvalid, OSError):
+        return
+    dropped = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except (StopIteration, pa.ArrowInvalid, OSError):  # the end, or a batch torn by a killed writer
+            return
+        yield batch if keep is None else batch.select(keep)
+        upto = source.tell() // mmap.PAGESIZE * mmap.PAGESIZE
+        if upto > dropped:
+            mapped.madvise(mmap.MADV_DONTNEED, dropped, upto - dropped)
+            dropped = upto
 
 
 def read_table(path: Path, columns: Iterable[str] | None = None) -> pa.Table:
