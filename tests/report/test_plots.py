@@ -140,7 +140,7 @@ def test_png_bytes_are_stable(report):
 def test_length_distributions_of_both_arms_and_the_aa_replicate(report):
     (ax,) = length_distribution_figure(report["plots"]["lengths"]).axes
     labels = _labels(ax)
-    assert [label.split(",")[0] for label in labels] == ["baseline", "candidate", "A/A replicate (baseline again)"]
+    assert [label.split(",")[0] for label in labels] == ["baseline", "candidate", "A/A replicate (baseline again"]
     base = np.array(report["plots"]["lengths"]["base"], float)
     assert labels[0] == (f"baseline, n={base.size}: p50 {np.percentile(base, 50):.1f}, "
                          f"p90 {np.percentile(base, 90):.1f}, p99 {np.percentile(base, 99):.1f}")

@@ -146,11 +146,13 @@ def length_distribution_figure(lengths: Mapping[str, Any] | None) -> Figure | No
     (the baseline run again), each with its p50 / p90 / p99 in the legend. Unpaired on purpose: a
     long-generation regression shows as the candidate's upper tail pulling away (runaway outputs, a
     pile-up at max_tokens: a vertical step at the right end) while the A/A curve stays on the
-    baseline's; the paired scatter beside it says which items moved."""
+    baseline's; the paired scatter beside it says which items moved. The replicate covers its
+    `--aa-fraction` of the items only (report.json stores its lengths without their baseline
+    partners), so its curve is the same arm on fewer items: read its spread, not a step-for-step match."""
     arms = [(_ints((lengths or {}).get(key)), label, style) for key, label, style in (
         ("base", "baseline", {"color": BASE, "linewidth": 2}),
         ("cand", "candidate", {"color": CAND, "linewidth": 2}),
-        ("aa", "A/A replicate (baseline again)", FLOOR_STYLE))]
+        ("aa", "A/A replicate (baseline again, its share of the items)", FLOOR_STYLE))]
     arms = [(np.sort(np.array(v, float)), label, style) for v, label, style in arms if v]
     if not arms or not any(key == "baseline" for _, key, _ in arms):
         return None
@@ -179,7 +181,7 @@ def length_distribution_figure(lengths: Mapping[str, Any] | None) -> Figure | No
     ax.set_xlabel("output length (tokens)" + (", log scale" if log else ""))
     ax.set_ylabel("outputs this long or shorter")
     ax.set_title("Output length distribution per arm (ECDF)", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")  # ECDFs climb left to right: the upper left stays clear
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
