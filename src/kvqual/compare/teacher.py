@@ -46,7 +46,7 @@ from kvqual.client import Transport, backoff_delay, classify, echo_payload, pars
 from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError, UsageError
 from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
-from kvqual.store import TOKEN_DATA
+from kvqual.store import TOKEN_DATA, decode_line
 
 # nats. Echo re-scores the server's own greedy output in one prefill; with per-request fp8 scales
 # calibrated on what is prefilled (prompt vs prompt + completion) the two legitimately differ:
@@ -576,11 +576,11 @@ def load_forced(path: Path, logprobs: bool = True) -> dict[tuple[str, str, int],
         return {}
     out: dict[tuple[str, str, int], Forced] = {}
     stored: set[tuple[str, str, int]] = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().splitlines():
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = decode_line(line)
             f = Forced.from_json(obj)
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             continue
