@@ -199,9 +199,21 @@ def usable(forcing: Forcing, key: Key) -> bool:
     return f is not None and f.aligned and key in forcing.arrays.index
 
 
+def same_windows(ref: Forcing, other: Forcing, key: Key) -> bool:
+    """Both passes scored the item's completion in the same windows (or both in one request): a
+    token scored with less context in one pass than in the other is not a like-for-like pair."""
+    a, b = ref.records.get(key), other.records.get(key)
+    return a is not None and b is not None and a.chunks == b.chunks
+
+
+WINDOWS_DIFFER = "scored in different windows (the servers admit different prompt lengths)"
+
+
 def forced_pairs(ref: Forcing, other: Forcing, keys: list[Key]) -> pos.PairPositions:
-    """Position metrics KL(ref‖other) over the pairs of `keys` both passes scored on the same tokens."""
-    return pos.compare_forced(ref.arrays, other.arrays, [k for k in keys if usable(ref, k) and usable(other, k)])
+    """Position metrics KL(ref‖other) over the pairs of `keys` both passes scored on the same tokens
+    in the same windows."""
+    return pos.compare_forced(ref.arrays, other.arrays, [k for k in keys if usable(ref, k) and usable(other, k)
+                                                         and same_windows(ref, other, k)])
 
 
 def token_metrics(pp: pos.PairPositions | None, keys: list[Key], n_keys: int) -> dict[str, Any] | None:
@@ -446,7 +458,9 @@ def _token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tu
         ab = ev.ab_means.get(k)
         if ab is None:
             lost = k not in base.forced.arrays.index or k not in cand.forced.arrays.index
-            reasons[fb.reason or fc.reason or ("no token data on disk" if lost and fb.aligned and fc.aligned
+            windows = fb.aligned and fc.aligned and not lost and fb.chunks != fc.chunks
+            reasons[fb.reason or fc.reason or (WINDOWS_DIFFER if windows else "no token data on disk"
+                                               if lost and fb.aligned and fc.aligned
                                                else "tokens differ between the two servers")] += 1
             continue
         if k in again:

@@ -308,7 +308,9 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             "floor": inputs.tokens.floor_note if inputs.tokens is not None else None,
             "refused": refused or None,
             # how the candidate's forced pairs were scored: exact token ids, or text alignment (the fallback)
-            "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)}},
+            "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)},
+            # candidate pairs whose completion was longer than the server admits, scored in windows
+            "chunked": sum(1 for k, f in forced_c.items() if f.chunks and (k[0], k[1]) in judged)},
         "capacity": capacity(bm, cm),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
         "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,

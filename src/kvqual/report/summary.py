@@ -541,7 +541,10 @@ def teacher_line(report: Mapping[str, Any]) -> str | None:
         how = f" — {methods['text']} scored by text alignment (the server gave no token ids), {methods.get('ids', 0)} by exact token ids"
     elif methods.get("ids"):
         how = " — exact token ids"
-    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){how}{why}"
+    chunked = tf.get("chunked") or 0
+    windows = (f"; {chunked} longer than the server admits, scored in windows (docs/longgen.md)"
+               if chunked else "")
+    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){how}{windows}{why}"
 
 
 def capacity_line(report: Mapping[str, Any]) -> str | None:
