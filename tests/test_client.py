@@ -1,3 +1,4 @@
+import contextlib
 import json
 import random
 
@@ -334,6 +335,21 @@ def test_invalid_response_is_a_final_failure_not_a_run_stopping_contract_error()
     assert not info.transient and info.message == "invalid response: http://h/v1: logprob of token 3 is nan, not a finite number"
 
 
+@contextlib.asynccontextmanager
+async def _serving(app):
+    """Serve an aiohttp app on a free local port for the block; yields the port."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS picked
+    finally:
+        await runner.cleanup()
+
+
 def _garbage_app(cap: int):
     from aiohttp import web
 
@@ -378,25 +394,20 @@ def test_transport_turns_garbage_into_invalid_responses(monkeypatch):
     monkeypatch.setattr(client, "MAX_RESPONSE_BYTES", cap)
 
     async def main() -> dict[str, str]:
-        runner = web.AppRunner(_garbage_app(cap))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS picked
-        transport = client.Transport(f"http://127.0.0.1:{port}/v1", "EMPTY", timeout=10)
-        outcome: dict[str, str] = {}
-        try:
-            for prompt in ("ok", "snapshot", "nan", "overflow", "other", "huge", "huge-chunked", "ok"):
-                try:
-                    data = await transport.post_json("/completions", {"model": "m", "prompt": prompt})
-                    outcome[prompt] = parse_completion(data, 1).text
-                except Exception as exc:  # noqa: BLE001 - what the runner records
-                    info = classify(exc)
-                    assert not info.transient, info
-                    outcome[prompt] = info.message
-        finally:
-            await transport.aclose()
-            await runner.cleanup()
+        async with _serving(_garbage_app(cap)) as port:
+            transport = client.Transport(f"http://127.0.0.1:{port}/v1", "EMPTY", timeout=10)
+            outcome: dict[str, str] = {}
+            try:
+                for prompt in ("ok", "snapshot", "nan", "overflow", "other", "huge", "huge-chunked", "ok"):
+                    try:
+                        data = await transport.post_json("/completions", {"model": "m", "prompt": prompt})
+                        outcome[prompt] = parse_completion(data, 1).text
+                    except Exception as exc:  # noqa: BLE001 - what the runner records
+                        info = classify(exc)
+                        assert not info.transient, info
+                        outcome[prompt] = info.message
+            finally:
+                await transport.aclose()
         return outcome
 
     out = asyncio.run(main())
@@ -623,34 +634,29 @@ def test_the_direct_post_sends_and_fails_as_the_sdk_does():
         refused = s.getsockname()[1]
 
     async def outcomes(direct: bool, seen: list) -> dict[str, tuple]:
-        runner = web.AppRunner(_behaviours_app(seen))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS picked
-        transport = client.Transport(f"http://127.0.0.1:{port}/v1", "sekret-direct-test", timeout=1.0)
-        assert transport._direct  # noqa: SLF001 - a plain-http target takes the direct POST
-        transport._direct = direct  # noqa: SLF001 - the SDK's path, for the side by side
-        out: dict[str, tuple] = {}
-        try:
-            for name in ("ok", "gzip", "redirect", "e500", "e400", "e301", "cut", "close", "slow", "loop", "ok"):
-                try:
-                    out[name] = ("answer", await transport.post_json(f"/{name}", {"model": "m", "prompt": "p"}))
-                except Exception as exc:  # noqa: BLE001 - what the runner records
-                    info = classify(exc)
-                    out[name] = ("failed", info.message, info.transient, info.retry_after, closed_before_response(exc))
-            other = client.Transport(f"http://127.0.0.1:{refused}/v1", "", timeout=1.0)
-            other._direct = direct  # noqa: SLF001
+        async with _serving(_behaviours_app(seen)) as port:
+            transport = client.Transport(f"http://127.0.0.1:{port}/v1", "sekret-direct-test", timeout=1.0)
+            assert transport._direct  # noqa: SLF001 - a plain-http target takes the direct POST
+            transport._direct = direct  # noqa: SLF001 - the SDK's path, for the side by side
+            out: dict[str, tuple] = {}
             try:
-                await other.post_json("/ok", {"model": "m"})
-            except Exception as exc:  # noqa: BLE001
-                info = classify(exc)
-                out["refused"] = ("failed", info.message, info.transient, info.retry_after, closed_before_response(exc))
+                for name in ("ok", "gzip", "redirect", "e500", "e400", "e301", "cut", "close", "slow", "loop", "ok"):
+                    try:
+                        out[name] = ("answer", await transport.post_json(f"/{name}", {"model": "m", "prompt": "p"}))
+                    except Exception as exc:  # noqa: BLE001 - what the runner records
+                        info = classify(exc)
+                        out[name] = ("failed", info.message, info.transient, info.retry_after, closed_before_response(exc))
+                other = client.Transport(f"http://127.0.0.1:{refused}/v1", "", timeout=1.0)
+                other._direct = direct  # noqa: SLF001
+                try:
+                    await other.post_json("/ok", {"model": "m"})
+                except Exception as exc:  # noqa: BLE001
+                    info = classify(exc)
+                    out["refused"] = ("failed", info.message, info.transient, info.retry_after, closed_before_response(exc))
+                finally:
+                    await other.aclose()
             finally:
-                await other.aclose()
-        finally:
-            await transport.aclose()
-            await runner.cleanup()
+                await transport.aclose()
         return out
 
     seen_sdk: list = []
