@@ -2,19 +2,19 @@
 `stale-cache-block` fault, and how often a warm fp8 request's adopted scales differ from the
 ones a cold prefill would calibrate (docs/serve.md, "Prefix cache and hierarchical cache").
 
-    python -m kvqual.serve.cachecheck --docs 8 --questions 4 --doc-tokens 768 --max-tokens 24 --threads 2
+    python -m kvqual.serve.cachecheck --docs 8 --max-tokens 24 --threads 2
 
-Shared-document prompts: each document (filler with one secret number per question) is asked
-`--questions` questions, the document first and the question last, so a document's prompts
-share every token up to the question. Each server gets the same two waves: every document's
-first question (cold), then all the others at once (warm where prefix caching is on), so the
-batches are the same in every run and a difference comes from the cache path alone.
+The prompts are the cache-path probe's own (the built-in suite `shared_prefix`): each document
+(filler with one secret number per question) is asked 4 questions, the document first and the
+question last, so a document's prompts share every token up to the question. Each server gets
+the same two waves: every document's first question (cold), then all the others at once (warm
+where prefix caching is on), so the batches are the same in every run and a difference comes
+from the cache path alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import threading
 from dataclasses import dataclass
@@ -25,39 +25,25 @@ from kvqual.serve.engine import Generation, SamplingParams
 from kvqual.serve.kvcache import KvCache
 from kvqual.serve.prefixcache import block_keys
 from kvqual.serve.server import build_state
-
-COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "white", "black")
-WORDS = ("river", "stone", "garden", "window", "morning", "letter", "silver", "market", "forest", "candle",
-         "harbor", "winter", "paper", "bridge", "valley", "music", "island", "cloud", "engine", "lantern")
-
+from kvqual.suites.generated import SHARED_PER_DOC, generate
 
 @dataclass(frozen=True)
 class Prompt:
-    doc: int
+    doc: str
     wave: int
     ids: tuple[int, ...]
     answer: str
 
 
-def shared_document_prompts(tokenizer, docs: int, questions: int, doc_tokens: int, seed: int = 0) -> list[Prompt]:
-    """`docs` x `questions` chat prompts; a document's prompts differ only in the question at the end."""
+def shared_document_prompts(tokenizer, docs: int, seed: int = 0) -> list[Prompt]:
+    """The first `docs` documents of the built-in `shared_prefix` suite (the cache-path probe
+    `kvqual compare --suite profile:cache` sends: 4 questions per document, 768 / 1,536 tokens of
+    filler in turn), rendered with the model's chat template as kvqual serve renders a chat request."""
     prompts = []
-    for d in range(docs):
-        rng = random.Random(f"{seed}-{d}")
-        colors = rng.sample(COLORS, questions)
-        codes = [str(rng.randint(1000, 9999)) for _ in colors]
-        sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 12))).capitalize() + "."
-                     for _ in range(doc_tokens // 9)]
-        for k, (c, n) in enumerate(zip(colors, codes)):
-            sentences.insert((k + 1) * len(sentences) // (questions + 1), f"The secret number of the {c} box is {n}.")
-        doc = " ".join(sentences)
-        for q in range(questions):
-            text = (f"Several boxes have secret numbers hidden in the text below.\n\n{doc}\n\n"
-                    f"What is the secret number of the {colors[q]} box? Answer with the number only.")
-            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True)
-            ids = tuple(tokenizer(rendered, add_special_tokens=False).input_ids)
-            prompts.append(Prompt(d, 0 if q == 0 else 1, ids, codes[q]))
+    for item in generate("shared_prefix", seed=seed, limit=docs * SHARED_PER_DOC):
+        rendered = tokenizer.apply_chat_template(list(item.messages), tokenize=False, add_generation_prompt=True)
+        ids = tuple(tokenizer(rendered, add_special_tokens=False).input_ids)
+        prompts.append(Prompt(str(item.context_id), int(item.meta["cache_wave"]), ids, str(item.answer)))
     return prompts
 
 
@@ -158,9 +144,9 @@ def measure(dtype: str, prompts: list[Prompt], max_tokens: int, kv_budget_mb: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvqual.serve.cachecheck", description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=8)
-    parser.add_argument("--questions", type=int, default=4, help="per document: 1 cold, the rest warm")
-    parser.add_argument("--doc-tokens", type=int, default=768, help="about this many tokens of filler per document")
+    parser.add_argument("--docs", type=int, default=8,
+                        help=f"the first DOCS documents of the suite shared_prefix ({SHARED_PER_DOC} questions "
+                             "each: 1 cold, the rest warm)")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--dtypes", default="bf16,fp8_e4m3")
     parser.add_argument("--kv-budget-mb", type=int, default=1024,
@@ -171,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from kvqual.serve.model import load_model, resolve_source
 
-    prompts = shared_document_prompts(load_model(resolve_source(None)).tokenizer, args.docs, args.questions,
-                                      args.doc_tokens)
+    if args.docs < 1:
+        parser.error("--docs must be at least 1")
+    prompts = shared_document_prompts(load_model(resolve_source(None)).tokenizer, args.docs)
     colds = {}
     for dtype in args.dtypes.split(","):
         out = measure(dtype, prompts, args.max_tokens, args.kv_budget_mb)
