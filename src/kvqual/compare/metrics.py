@@ -136,12 +136,11 @@ def _diversity(pairs: list[tuple[Sample, Sample]],
     """Mean distinct-2 (distinct word bigrams / all bigrams per output) of each arm over the pairs
     where both outputs have two words or more, and the paired difference cand − base with a t CI.
     `known`: each arm's distinct-2 by key (`distinct2`), where the caller has them."""
-    if known is not None:
-        da, db = known
-        values = ((da[a.key], db[b.key]) for a, b in pairs)
-    else:
-        values = ((tk.distinct_n(a.text or ""), tk.distinct_n(b.text or "")) for a, b in pairs)
-    both = [(x, y) for x, y in values if x is not None and y is not None]
+    if known is None:
+        memo: dict[str, float | None] = {}
+        known = (distinct2({a.key: a for a, _ in pairs}, memo), distinct2({b.key: b for _, b in pairs}, memo))
+    da, db = known
+    both = [(x, y) for x, y in ((da[a.key], db[b.key]) for a, b in pairs) if x is not None and y is not None]
     out: dict[str, Any] = {"distinct2_base": None, "distinct2_cand": None, "distinct2_diff": None,
                            "distinct2_diff_ci": [None, None], "distinct2_n": len(both)}
     if len(both) >= 2:
@@ -441,6 +440,17 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
     )
 
 
+def _unpaired_reason(ref: Forcing, other: Forcing, k: Key) -> str:
+    """Why two aligned forced records of `k` gave no compared pair."""
+    if not (ref.records[k].aligned and other.records[k].aligned):
+        return "tokens differ between the two servers"
+    if k not in ref.arrays.index or k not in other.arrays.index:
+        return "no token data on disk"
+    if not same_windows(ref, other, k):
+        return WINDOWS_DIFFER
+    return "tokens differ between the two servers"
+
+
 def _token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tuple[TokenPairs | None, TokenCoverage]:
     """Per-unit KL and top-1 against the A/A floor, and why the pairs left out were left out.
 
@@ -457,11 +467,7 @@ def _token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tu
             continue
         ab = ev.ab_means.get(k)
         if ab is None:
-            lost = k not in base.forced.arrays.index or k not in cand.forced.arrays.index
-            windows = fb.aligned and fc.aligned and not lost and fb.chunks != fc.chunks
-            reasons[fb.reason or fc.reason or (WINDOWS_DIFFER if windows else "no token data on disk"
-                                               if lost and fb.aligned and fc.aligned
-                                               else "tokens differ between the two servers")] += 1
+            reasons[fb.reason or fc.reason or _unpaired_reason(base.forced, cand.forced, k)] += 1
             continue
         if k in again:
             aa = ev.aa_means.get(k)
