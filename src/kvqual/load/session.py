@@ -132,7 +132,7 @@ async def run_load(targets: list[Target], suites: tuple[LoadedSuite, ...], opts:
                                          duration_s=opts.duration_s, timeout_s=opts.timeout_s,
                                          progress=opts.progress)
         arm = summary.summarize_arm(target.name, info, model, target.kv_cache_dtype, driven, concurrency, source,
-                                    opts.warmup_s, opts.level)
+                                    opts.warmup_s, opts.level, identity=target.identity())
         arms.append(arm)
         recorded[target.name if target.name not in recorded else f"{target.name}#{len(arms)}"] = driven.requests
         failed_rate = arm["requests"]["failed_rate"] or 0.0

@@ -8,7 +8,8 @@
 - `batch_means_ci`: the steady window cut into equal batches; the mean of the batch rates with a
   Student t interval on B − 1 degrees of freedom.
 - `fieller_ratio_ci`: candidate / baseline of two independent means (the arms run one after the
-  other) with Fieller's interval, Welch–Satterthwaite degrees of freedom.
+  other) with Fieller's interval, Welch–Satterthwaite degrees of freedom; `fieller_t` the test of
+  one ratio that the interval inverts (the compare's `speedup` criterion from a load.json).
 - `time_weighted_mean`: a gauge scraped now and then, held until the next scrape, averaged over
   a window.
 """
@@ -26,7 +27,7 @@ from scipy import stats
 from kvqual.compare.stats import mean_ci
 
 __all__ = ["Estimate", "tokens_in_window", "warmup_seconds", "batch_count", "batch_rates", "batch_means_ci",
-           "fieller_ratio_ci", "lag1_autocorrelation", "time_weighted_mean", "counter_rate", "percentiles",
+           "fieller_ratio_ci", "fieller_t", "lag1_autocorrelation", "time_weighted_mean", "counter_rate", "percentiles",
            "MAX_BATCHES", "WARMUP_LIFETIMES", "WARMUP_SHARE"]
 
 WARMUP_LIFETIMES = 2.0  # the warm-up lasts at least this many median generation times ...
@@ -132,11 +133,9 @@ def fieller_ratio_ci(baseline: ArrayLike, candidate: ArrayLike, level: float = 0
     ratio = my / mx
     if nx < 2 or ny < 2:
         return Estimate(ratio, None, None, level, None, min(nx, ny))
-    vx, vy = float(x.var(ddof=1)) / nx, float(y.var(ddof=1)) / ny
-    var = vy + ratio**2 * vx
-    if var == 0:  # both arms perfectly steady: the ratio is known
+    vx, vy, df = _fieller_moments(x, y, ratio)
+    if df is None:  # both arms perfectly steady: the ratio is known
         return Estimate(ratio, ratio, ratio, level, None, min(nx, ny))
-    df = var**2 / (vy**2 / (ny - 1) + (ratio**2 * vx) ** 2 / (nx - 1))
     t = float(stats.t.ppf((1 + level) / 2, df))
     a = mx**2 - t**2 * vx  # R² a − 2 R x̄ȳ + (ȳ² − t² v_y) ≤ 0
     if a <= 0:
@@ -144,6 +143,35 @@ def fieller_ratio_ci(baseline: ArrayLike, candidate: ArrayLike, level: float = 0
     disc = t**2 * (mx**2 * vy + my**2 * vx - t**2 * vx * vy)
     root = math.sqrt(max(disc, 0.0))
     return Estimate(ratio, (mx * my - root) / a, (mx * my + root) / a, level, df, min(nx, ny))
+
+
+def _fieller_moments(x: np.ndarray, y: np.ndarray, ratio: float) -> tuple[float, float, float | None]:
+    """v_x, v_y (the variances of the two means) and the Welch–Satterthwaite degrees of freedom of
+    ȳ − R̂·x̄ at the estimate R̂; df None when both arms are perfectly steady (no variance)."""
+    nx, ny = int(x.size), int(y.size)
+    vx, vy = float(x.var(ddof=1)) / nx, float(y.var(ddof=1)) / ny
+    var = vy + ratio**2 * vx
+    if var == 0:
+        return vx, vy, None
+    return vx, vy, var**2 / (vy**2 / (ny - 1) + (ratio**2 * vx) ** 2 / (nx - 1))
+
+
+def fieller_t(baseline: ArrayLike, candidate: ArrayLike, r0: float) -> tuple[float, float | None]:
+    """Fieller's statistic for the ratio mean(candidate) / mean(baseline) = r0, and its degrees of
+    freedom: T = (ȳ − r0·x̄) / √(v_y + r0²·v_x) on the df `fieller_ratio_ci` uses (Welch–Satterthwaite
+    at the estimate). It is the test that interval inverts: with positive means, r0 is below the
+    interval's lower bound at level 1 − 2q exactly when T > t_{1−q}(df), above its upper bound
+    exactly when T < −t_{1−q}(df). Needs at least two values in each arm; T is ±inf (df None)
+    when neither arm varies."""
+    x, y = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
+    if x.size < 2 or y.size < 2 or x.mean() == 0:
+        raise ValueError("fieller_t needs two values in each arm and a baseline mean other than 0")
+    mx, my = float(x.mean()), float(y.mean())
+    vx, vy, df = _fieller_moments(x, y, my / mx)
+    diff, var = my - r0 * mx, vy + r0**2 * vx
+    if var == 0:
+        return (0.0 if diff == 0 else math.copysign(math.inf, diff)), df
+    return diff / math.sqrt(var), df
 
 
 def lag1_autocorrelation(values: ArrayLike) -> float | None:

@@ -64,9 +64,11 @@ def _server(driven: Driven, a: float, b: float) -> dict[str, Any] | None:
 
 def summarize_arm(name: str, info: dict[str, Any], model: str, expected_kv_dtype: str | None, driven: Driven,
                   concurrency: int, concurrency_source: str, warmup_s: float | None = None,
-                  level: float = 0.95) -> dict[str, Any]:
+                  level: float = 0.95, identity: dict[str, Any] | None = None) -> dict[str, Any]:
     """One target's load.json entry: what ran, the steady window and how it was chosen, steady-state
-    throughput with its batch-means interval, latency percentiles, what the server reported."""
+    throughput with its batch-means interval, latency percentiles, what the server reported.
+    `identity`: the target's config identity (`Target.identity()`: base URLs, model, launch, KV
+    dtype; no port, no secret), which `compare --speed-from` checks against its own targets."""
     requests = driven.requests
     ok = [r for r in requests if r.ok]
     duration = driven.duration_s
@@ -105,7 +107,7 @@ def summarize_arm(name: str, info: dict[str, Any], model: str, expected_kv_dtype
         notes.append(f"not saturated: on average {server['waiting_mean']:g} requests queued (< "  # type: ignore[index]
                      f"{SATURATED_QUEUE_MEAN:g}); at concurrency {concurrency} its capacity was not the limit")
     return {
-        "target": name, "model": model, "base_urls": list(info.get("base_urls") or []),
+        "target": name, "identity": identity, "model": model, "base_urls": list(info.get("base_urls") or []),
         "engine": info.get("engine"), "kv_cache_dtype": {"expected": expected_kv_dtype,
                                                          "reported": info.get("kv_cache_dtype")},
         "kv_capacity_tokens": info.get("kv_capacity_tokens"),
