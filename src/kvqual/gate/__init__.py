@@ -11,13 +11,13 @@ Formulas and the defaults' reasons: docs/statistics.md; error rates: docs/calibr
 
 from kvqual.gate.criteria import Criterion, Direction, Role, Status
 from kvqual.gate.inputs import (AccuracyPairs, CachePairs, GateInputs, LengthPairs, RatePairs, RequestCounts,
-                                TokenCoverage, TokenPairs)
+                                SteadySpeed, TokenCoverage, TokenPairs)
 from kvqual.gate.policy import GatePolicy
 from kvqual.gate.sequential import look_sizes, nominal_alpha, pocock_critical
 from kvqual.gate.verdict import EXIT_CODES, Verdict, combine, decide, decide_sequence
 
 __all__ = [
     "AccuracyPairs", "CachePairs", "Criterion", "Direction", "EXIT_CODES", "GateInputs", "GatePolicy", "LengthPairs",
-    "RatePairs", "RequestCounts", "Role", "Status", "TokenCoverage", "TokenPairs", "Verdict", "combine",
+    "RatePairs", "RequestCounts", "Role", "Status", "SteadySpeed", "TokenCoverage", "TokenPairs", "Verdict", "combine",
     "decide", "decide_sequence", "look_sizes", "nominal_alpha", "pocock_critical",
 ]

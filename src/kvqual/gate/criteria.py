@@ -18,9 +18,10 @@ import numpy as np
 from scipy import stats
 
 from kvqual.compare import stats as st
-from kvqual.gate.inputs import (AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, TokenCoverage,
-                                TokenPairs, n_clusters)
+from kvqual.gate.inputs import (AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, SteadySpeed,
+                                TokenCoverage, TokenPairs, n_clusters)
 from kvqual.gate.policy import GatePolicy
+from kvqual.load import stats as load_stats
 
 Status = Literal["pass", "fail", "inconclusive", "not_evaluated"]
 Direction = Literal["at_least", "at_most", "within"]
@@ -437,3 +438,34 @@ def speedup(base: np.ndarray, cand: np.ndarray, policy: GatePolicy, level: float
                      b.size + c.size, level, detail, m, "primary", "requests")
     return dataclasses.replace(crit, estimate=math.exp(theta), ci_low=math.exp(crit.ci_low),
                                ci_high=math.exp(crit.ci_high), bound_low=policy.min_speedup)
+
+
+def steady_speedup(s: SteadySpeed, policy: GatePolicy, level: float, m: int) -> Criterion:
+    """The throughput ratio cand/base at saturation, from a `kvqual load` session (`--speed-from`),
+    judged with the load's own statistics (load/stats.py): Fieller's interval on the two arms' batch
+    means at 1 − 2·level, and the test it inverts, T = (ȳ − r0·x̄) / √(v_y + r0²·v_x) on the same
+    Welch–Satterthwaite df, of H0: ratio ≤ min_speedup. Each arm's batches are its units. The evidence
+    is the same at every look (not per item), so more items never decide it: no n_more."""
+    b, c, bound = s.base, s.cand, policy.min_speedup
+    n = int(b.size + c.size)
+    detail = f"steady-state output tok/s {b.mean():.1f} → {c.mean():.1f} at saturation; {s.source}"
+    status: Status = "not_evaluated" if bound is None else "inconclusive"
+    if b.size < 2 or c.size < 2 or not b.mean() > 0:
+        est = float(c.mean() / b.mean()) if b.size and c.size and b.mean() > 0 else None
+        return Criterion("speedup", None, status, "at_least", bound, None, est, n=n, role="primary", unit="batches",
+                         detail=detail + "; an arm has fewer than 2 batches: no interval (run kvqual load longer)",
+                         level=None if bound is None else level)
+    ci = load_stats.fieller_ratio_ci(b, c, 1 - 2 * level)
+    detail += (f"; Fieller on {b.size} + {c.size} batch means, {ci.df:.1f} df" if ci.df is not None else
+               "; neither arm's batches vary") + "; the same evidence at every look"
+    if bound is None:
+        return Criterion("speedup", None, "not_evaluated", "at_least", None, None, ci.estimate, ci.low, ci.high,
+                         ci.level, n=n, detail=detail + "; min_speedup not set: reported only", unit="batches")
+    if ci.low is None:  # the baseline's throughput is not shown above zero: Fieller's set is unbounded
+        return Criterion("speedup", None, "inconclusive", "at_least", bound, None, ci.estimate, None, None, ci.level,
+                         n=n, detail=detail + "; the baseline's throughput is not shown above zero: no interval",
+                         unit="batches", level=level)
+    t, df = load_stats.fieller_t(b, c, bound)
+    df = math.inf if df is None else df  # no variance: T is ±inf (or 0 on the bound), decided either way
+    return Criterion("speedup", None, "inconclusive", "at_least", bound, None, ci.estimate, ci.low, ci.high, ci.level,
+                     _cdf(-t, df), _cdf(t, df), None, n, None, detail, "primary", "batches", level)

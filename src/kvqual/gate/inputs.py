@@ -147,6 +147,21 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
+class SteadySpeed:
+    """Steady-state output tok/s at saturation from `kvqual load` (docs/speed.md): each arm's batch
+    means over its steady window (independent arms: they ran one after the other). Not per item:
+    the same evidence at every look. `source` says where it comes from (file, concurrency, windows)."""
+
+    base: np.ndarray
+    cand: np.ndarray
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("base", "cand"):
+            object.__setattr__(self, name, _array(getattr(self, name), float, name))
+
+
+@dataclass(frozen=True)
 class GateInputs:
     """Everything the gate judges; a part left None is reported as not evaluated."""
 
@@ -161,3 +176,4 @@ class GateInputs:
     base_throughput: np.ndarray | None = None  # per-request tokens/s
     cand_throughput: np.ndarray | None = None
     cache: CachePairs | None = None  # the cache-path probe; None: the compare has none
+    steady_speed: SteadySpeed | None = None  # `--speed-from` a load.json: speedup judged on it instead

@@ -87,7 +87,9 @@ def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.G
     out.extend(cr.rate_excess(rp, bounds[rp.name], level, m) for rp in inputs.rates)
     if inputs.cache is not None:
         out.append(cr.cache_path(inputs.cache, policy, level, m))
-    if inputs.base_throughput is not None and inputs.cand_throughput is not None:
+    if inputs.steady_speed is not None:
+        out.append(cr.steady_speedup(inputs.steady_speed, policy, level, m))
+    elif inputs.base_throughput is not None and inputs.cand_throughput is not None:
         out.append(cr.speedup(inputs.base_throughput, inputs.cand_throughput, policy, level, m))
     return out
 
