@@ -119,6 +119,7 @@ class RunDefaults:
     max_failed_rate: float = 0.05  # a run above this stops as an infrastructure failure
     stream: bool = False
     serve_together: bool | None = None  # compare: both servers up at once (None: when kvqual launches none, or built-in)
+    speed_from: str | None = None  # compare: a `kvqual load` load.json (or its folder) the speedup criterion reads
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,7 @@ def _parse_run(path: str, table: Any) -> RunDefaults:
         "retries": (int,), "repeats": (int,), "limit": (int,), "aa_fraction": (int, float),
         "results_dir": (str,), "max_failed_rate": (int, float), "stream": (bool,),
         "max_items": (int,), "max_minutes": (int, float), "budget_tokens": (int,), "serve_together": (bool,),
+        "speed_from": (str,),
     }
     values: dict[str, Any] = {}
     for key, value in table.items():

@@ -5,6 +5,8 @@
     ├── ConfigError               kvqual.toml invalid: names file and key       (exit 2)
     ├── SuiteError                suite file invalid: names file and line       (exit 2)
     ├── MismatchError             the two arms do not run what the config says  (exit 2)
+    ├── LoadFileError             a --speed-from load.json missing, invalid, without a ratio, or
+    │                             of other targets: names the file               (exit 2)
     ├── ServerContractError       a server dropped data kvqual needs            (exit 4)
     │   └── EchoDisagreement      its echo logprobs of its own output disagree   (exit 4; compare
     │                             keeps going without token criteria for it)
@@ -58,6 +60,17 @@ class MismatchError(KvqualError):
     """The arms of a comparison do not run what the config says (models, KV dtypes)."""
 
     exit_code = 2
+
+
+class LoadFileError(KvqualError):
+    """The load.json `compare --speed-from` reads is missing, unreadable, not a load.json, holds no
+    ratio, or measured other targets than the compare's. The message names the file."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path, self.problem = path, problem
+        super().__init__(f"{path}: {problem}")
 
 
 class InfrastructureError(KvqualError):

@@ -16,6 +16,11 @@ from kvqual.errors import UsageError
 from kvqual.options import overrides
 
 
+SPEED_FROM_HELP = ("judge the speedup criterion on the steady-state throughput ratio of a `kvqual load` of the same "
+                   "two targets (its load.json, or the folder holding it) instead of the compare's own requests; "
+                   "[gate] min_speedup gates it, unset it is reported (docs/speed.md)")
+
+
 def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("compare", help="baseline vs candidate with an A/A floor: PASS / FAIL / INCONCLUSIVE",
                        description="Runs (or reuses) the baseline, its A/A replicate and the candidate, "
@@ -38,6 +43,7 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
     p.add_argument("--no-teacher-forcing", action="store_true", help="skip echo scoring (token metrics absent)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare even when models or reported KV dtypes contradict the config (printed in the report)")
+    p.add_argument("--speed-from", metavar="PATH", help=SPEED_FROM_HELP + " (default: [run] speed_from)")
     p.add_argument("--json", action="store_true",
                    help="print the verdict object (report.json's \"verdict\") on stdout; the summary goes to stderr")
     p.set_defaults(func=cmd_compare)
@@ -52,6 +58,7 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
     r.add_argument("--looks", type=int, help="replay this many planned looks (default: the compare's plan)")
     r.add_argument("--fixed-n", action="store_true", help="judge once on every item (= --looks 1)")
     r.add_argument("--strict", action="store_true", help="[gate] mode = \"strict\"")
+    r.add_argument("--speed-from", metavar="PATH", help=SPEED_FROM_HELP)
     r.add_argument("--json", action="store_true",
                    help="print the verdict object (report.json's \"verdict\") on stdout; the summary goes to stderr")
     r.set_defaults(func=cmd_report)
@@ -91,12 +98,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     ov = overrides(args)
     ov.update(aa_fraction=args.aa_fraction, max_items=args.max_items, max_minutes=args.max_minutes,
-              budget_tokens=args.budget_tokens)
+              budget_tokens=args.budget_tokens, speed_from=args.speed_from)
     config, run, suites = prepare(args.config, ov, args.include_path)
     config = _gate_flags(config, args)
-    flow = Compare(config, run, suites, config.target(args.baseline), config.target(args.candidate),
-                   teacher_forcing=not args.no_teacher_forcing, allow_mismatch=args.allow_mismatch,
-                   rerun=args.rerun, command=_command_line())
+    base_t, cand_t = config.target(args.baseline), config.target(args.candidate)
+    speed_from = None
+    if run.speed_from:  # refuse a load.json of other targets before any request
+        from kvqual.load import evidence
+
+        speed_from = evidence.read(run.speed_from)
+        speed_from.check_targets(base_t, cand_t)
+    flow = Compare(config, run, suites, base_t, cand_t, teacher_forcing=not args.no_teacher_forcing,
+                   allow_mismatch=args.allow_mismatch, rerun=args.rerun, command=_command_line(),
+                   speed_from=speed_from)
     report = asyncio.run(flow.execute())
     s = flow.state
     assert s.bm is not None and s.cm is not None
@@ -132,9 +146,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     bm, cm = session.load_manifest(a), session.load_manifest(b)
     out = _out_dir(str(a.parent), bm.run_id, cm.run_id, args.out)
     warnings = session.verify(bm, cm, allow_mismatch=True)
+    speed_from = None
+    if args.speed_from:
+        from kvqual.load import evidence
+
+        speed_from = evidence.read(args.speed_from)
     report = session.judge(a, b, aa, config.gate, command=_command_line(),
                            teacher_forcing=not args.no_teacher_forcing, warnings=warnings,
                            seed=bm.params.seed, plan=_plan(out, _out_dir(str(a.parent), bm.run_id, cm.run_id, None),
-                                                           policy=config.gate))
+                                                           policy=config.gate), speed_from=speed_from)
     report["command"] = _command_line()
     return _finish(report, out, args.json)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvqual.compare import metrics as mx
 from kvqual.compare import session
@@ -31,6 +31,9 @@ from kvqual.records import RunManifest
 from kvqual.runner import progress_mode, item_order, plan_units, run_target
 from kvqual.store import load_samples
 from kvqual.suites import LoadedSuite
+
+if TYPE_CHECKING:
+    from kvqual.load.evidence import LoadEvidence
 
 
 @dataclass
@@ -57,8 +60,10 @@ class Compare:
     """One `kvqual compare BASE CAND`: the round loop, the budgets and the judging after each round."""
 
     def __init__(self, config: Config, run: RunDefaults, suites: tuple[LoadedSuite, ...], base_t: Target,
-                 cand_t: Target, *, teacher_forcing: bool, allow_mismatch: bool, rerun: bool, command: str) -> None:
+                 cand_t: Target, *, teacher_forcing: bool, allow_mismatch: bool, rerun: bool, command: str,
+                 speed_from: LoadEvidence | None = None) -> None:
         self.config, self.run, self.suites = config, run, suites
+        self.speed_from = speed_from  # a load.json the speedup criterion reads instead of the answers' speed
         self.base_t, self.cand_t = base_t, cand_t
         self.tf, self.allow_mismatch, self.rerun, self.command = teacher_forcing, allow_mismatch, rerun, command
         self.items = {(i.suite, i.id): i for s in suites for i in s.items}
@@ -72,8 +77,9 @@ class Compare:
         self.tokens_spent = 0
         self.base_rounds, self.base_stop = len(self.sizes), None  # baseline rounds run (separate servers)
         # overlap a round's parts on one server (fuller batches, ~a third less wall time on CPU) unless speed
-        # is gated: then each arm's answers run alone, so its per-request speed is measured on equal terms
-        self.overlap = config.gate.min_speedup is None
+        # is gated on the answers: then each arm's answers run alone, so its per-request speed is measured on
+        # equal terms (a --speed-from load.json measured speed apart: the answers' speed is not judged)
+        self.overlap = config.gate.min_speedup is None or speed_from is not None
         self.progress = CompareProgress(len(self.sizes), "off")
 
     # ------------------------------------------------------------ the plan, for the progress display
@@ -140,7 +146,10 @@ class Compare:
         bm = self.state.bm
         assert bm is not None
         if first:  # refuse a comparison of the wrong thing before spending server time on it
-            self.state.warnings = session.verify(bm, await session.as_reported(t, bm), self.allow_mismatch)
+            reported = await session.as_reported(t, bm)
+            self.state.warnings = session.verify(bm, reported, self.allow_mismatch)
+            if self.speed_from is not None:  # the load measured these servers (the candidate's URLs, not bm's)
+                self.speed_from.check_served(bm, replace(reported, base_urls=tuple(t.base_urls)))
 
         n, show, role = self.units(k), self.progress, "candidate"
 
@@ -187,7 +196,7 @@ class Compare:
         return session.judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,
-                             seed=self.run.seed, plan=plan)
+                             seed=self.run.seed, plan=plan, speed_from=self.speed_from)
 
     def budget_left(self, k: int) -> str | None:
         """Why no further round may start after round k (None: it may)."""

@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from kvqual.gate import GatePolicy, decide
 from kvqual.records import Item, RunManifest
 from kvqual.store import SAMPLES, load_manifest, load_samples, write_json_atomic
 from kvqual.suites import LoadedSuite
+
+if TYPE_CHECKING:
+    from kvqual.load.evidence import LoadEvidence
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -180,7 +183,7 @@ def _keys_in(samples: dict, items: set[tuple[str, str]]) -> dict:
 
 def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolicy, *, command: str,
           teacher_forcing: bool = True, warnings: list[str] | None = None, allow_mismatch: bool = False,
-          seed: int = 0, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+          seed: int = 0, plan: dict[str, Any] | None = None, speed_from: LoadEvidence | None = None) -> dict[str, Any]:
     """`_judge` with the cyclic garbage collector paused: the judge reads every sample and forced
     record into objects (65k at 20k items), whose allocation triggers collections that walk all of
     them again and again (~5% of the judge's CPU at 20k items), and it makes no cycles worth
@@ -189,7 +192,7 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
     gc.disable()
     try:
         return _judge(base_dir, cand_dir, aa_dir, policy, command=command, teacher_forcing=teacher_forcing,
-                      warnings=warnings, allow_mismatch=allow_mismatch, seed=seed, plan=plan)
+                      warnings=warnings, allow_mismatch=allow_mismatch, seed=seed, plan=plan, speed_from=speed_from)
     finally:
         if paused:
             gc.enable()
@@ -197,8 +200,10 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
 
 def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolicy, *, command: str,
            teacher_forcing: bool = True, warnings: list[str] | None = None, allow_mismatch: bool = False,
-           seed: int = 0, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+           seed: int = 0, plan: dict[str, Any] | None = None, speed_from: LoadEvidence | None = None) -> dict[str, Any]:
     """Saved runs → the report dict (report.json). Pure given the files: same runs, same numbers.
+    `speed_from`: a load.json of the same two targets; the speedup criterion is judged on it, the
+    same evidence at every look, and report.json gets its `steady_speed`.
 
     The gate replays the looks of a sequential compare: at look k it judges the first sizes[k]
     items of the seeded item order (runner.item_order), as the compare did after each round.
@@ -208,6 +213,8 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     from kvqual.runner import item_order
 
     bm, cm = load_manifest(base_dir), load_manifest(cand_dir)
+    if speed_from is not None:
+        speed_from.check_served(bm, cm)
     am = load_manifest(aa_dir) if aa_dir else None
     base_s, cand_s = load_samples(base_dir, "inline"), load_samples(cand_dir, "inline")
     aa_s = load_samples(aa_dir, "inline") if aa_dir else None
@@ -258,7 +265,11 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
                                                              evidence)
         if teacher_forcing and refused and n != sizes[-1]:
             look = _refused_coverage(look, tf_note or "")
-        if policy.min_speedup is not None and tb.size >= 2:
+        if speed_from is not None:
+            from dataclasses import replace
+
+            look = replace(look, steady_speed=speed_from.steady_speed())
+        elif policy.min_speedup is not None and tb.size >= 2:
             from dataclasses import replace
 
             look = replace(look, base_throughput=tb, cand_throughput=tc)
@@ -285,15 +296,18 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         overlap = bool(plan.get("overlap"))
         if overlap:  # kvqual's own A/A and teacher-forcing requests filled the servers: a queue of its making
             notes = ["indicative only: the A/A replicate and teacher forcing shared the servers with the answers "
-                     "(set [gate] min_speedup for a like-for-like ratio; docs/speed.md)"]
+                     + ("(set [gate] min_speedup for a like-for-like ratio; docs/speed.md)" if speed_from is None else
+                        f"(speedup is judged on the steady-state ratio of {speed_from.path}; docs/speed.md)")]
             sb, sc = {**sb, "queued": None}, {**sc, "queued": None}
         else:
             notes = [f"{arm}: {q}" for arm, q in (("baseline", sb.get("queued")), ("candidate", sc.get("queued"))) if q]
             if notes:
                 notes.append("speed figures not comparable: lower --concurrency to what the servers run at once")
         comparable = not (overlap or sb.get("queued") or sc.get("queued"))
+        slower = slower_flag(ratio, comparable, policy.min_speedup) if speed_from is None else \
+            slower_flag(speed_from.ratio_for_flag(), True, policy.min_speedup, steady=speed_from.path)
         speed = {"baseline": sb, "candidate": sc, "ratio": ratio, "comparable": comparable,
-                 "note": "; ".join(notes) or None, "slower": slower_flag(ratio, comparable, policy.min_speedup)}
+                 "note": "; ".join(notes) or None, "slower": slower}
     cov = inputs.coverage
     methods = Counter(f.method for k, f in forced_c.items() if f.method and (k[0], k[1]) in judged)
     return {
@@ -314,6 +328,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         "capacity": capacity(bm, cm),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
         "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
+        **({"steady_speed": speed_from.to_json()} if speed_from is not None else {}),
     }
 
 
@@ -363,15 +378,18 @@ def _stop_reason(verdict: str, taken: int, sizes: list[int], plan: dict[str, Any
     return f"budget spent: all {sizes[taken - 1]} items judged at look {taken} of {planned}"
 
 
-def slower_flag(ratio: Mapping[str, Any], comparable: bool, min_speedup: float | None) -> str | None:
+def slower_flag(ratio: Mapping[str, Any], comparable: bool, min_speedup: float | None,
+                steady: str | None = None) -> str | None:
     """One sentence when the candidate is shown slower than the baseline (the ratio's whole
     interval below 1), shown next to the verdict: speed counts in the verdict only with
-    `min_speedup`, but a faster config that is slower is news either way."""
+    `min_speedup`, but a faster config that is slower is news either way. `steady`: the ratio is a
+    load.json's steady-state one (`--speed-from`), from that file."""
     high = ratio.get("ci_high")
     if high is None or high >= 1:
         return None
-    return (f"the candidate is slower: {ratio['estimate']:.2f}× the baseline's per-request output tok/s "
-            f"[{ratio['ci_low']:.2f}, {high:.2f}]"
+    what = "per-request output tok/s" if steady is None else "steady-state output tok/s at saturation"
+    return (f"the candidate is slower: {ratio['estimate']:.2f}× the baseline's {what} "
+            f"[{ratio['ci_low']:.2f}, {high:.2f}]" + ("" if steady is None else f" ({steady})")
             + ("" if comparable else " (indicative: the servers were shared or queued)")
             + ("; speed is not gated (set [gate] min_speedup to gate it)" if min_speedup is None
                else f"; gated by min_speedup {min_speedup:g}"))
@@ -438,6 +456,13 @@ def console_summary(report: dict[str, Any]) -> str:
         lines.append(f"speed: {s['baseline']['output_tok_s']:.3g} → {s['candidate']['output_tok_s']:.3g} output "
                      f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}"
                      + (f" — {s['note']}" if s.get("note") else ""))
+    steady = report.get("steady_speed")
+    if steady:  # --speed-from: what the speedup criterion read
+        r, arms = steady["ratio"], steady["arms"]
+        ci = "" if r.get("low") is None else f" [{r['low']:.3g}, {r['high']:.3g}] ({r['level']:.0%}, Fieller)"
+        lines.append(f"steady speed at saturation ({steady['source']}): {arms['baseline']['output_tok_s']:.4g} → "
+                     f"{arms['candidate']['output_tok_s']:.4g} output tok/s at concurrency {steady['concurrency']}; "
+                     f"ratio {r['estimate']:.3g}{ci}")
     for w in report.get("warnings", []):
         lines.append(f"warning: {w}")
     return "\n".join(lines)

@@ -97,7 +97,8 @@ def decision(report: Mapping[str, Any]) -> Decision:
     if verdict == "PASS":
         guards = [c for c in crits if c.get("role") == "guard" and c.get("status") == "inconclusive"]
         tail = f" ({len(guards)} per-suite guard{'s' if len(guards) != 1 else ''} undecided, none outside)" if guards else ""
-        ratio = get(report, "speed", "ratio", "estimate")
+        ratio = get(report, "steady_speed", "ratio", "estimate") if report.get("steady_speed") else \
+            get(report, "speed", "ratio", "estimate")  # --speed-from: the flag is on the load's ratio
         slower = (f", but it ran at {fmt_quantity(ratio, 'ratio')} the baseline's throughput: read the speed "
                   "section first") if shown_slower(report) else ""
         return Decision(verdict, f"All {len(primary)} primary criteria are shown inside their bounds{tail}.",
