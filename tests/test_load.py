@@ -192,6 +192,9 @@ def test_two_targets_give_the_capacity_ratio_and_the_concurrency_each_sustained(
     assert "3 × the 4 requests" in doc["params"]["concurrency_source"]
     b, c = doc["arms"]
     assert b["concurrency"] == c["concurrency"] == 12
+    # what `compare --speed-from` checks: the targets as configured (no port, no secret)
+    assert c["identity"] == {"name": "cand", "base_urls": [cand.base_url], "model": None, "launch": None,
+                             "kv_cache_dtype": None}
     ratio = doc["ratio"]
     assert ratio["estimate"] == pytest.approx(2.0, rel=0.08)
     assert ratio["low"] <= 2.0 <= ratio["high"] and ratio["high"] - ratio["low"] < 0.6
