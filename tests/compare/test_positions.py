@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from kvqual.compare import positions as pos
@@ -222,3 +223,64 @@ def test_compare_forced_is_the_same_in_any_chunking(monkeypatch) -> None:
     for f in ("starts", "kl", "same_top1", "delta_p", "delta_logprob", "position"):
         assert np.array_equal(getattr(whole, f), getattr(small, f)), f
     assert whole.keys == small.keys == keys and whole.differ == small.differ == set()
+
+
+def _same_arrays(a: pos.TokenArrays, b: pos.TokenArrays) -> None:
+    assert a.index == b.index and a.names == b.names
+    for name in ("starts", "tokens", "logprob", "top_codes", "top_lp", "top_ok"):
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+            continue
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+
+
+@pytest.mark.parametrize("top_k", [True, False])
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "being-written"])
+def test_load_places_every_batch_as_one_table_would(tmp_path, monkeypatch, top_k: bool, closed: bool) -> None:
+    """`load` reads a token file in two passes and converts each batch straight into the file's
+    arrays: the result is what converting all its rows as one table gives, whatever the batches
+    hold — id tokens, then string tokens (codes widened to int64 mid-file), top-k lists of
+    different widths per batch, rows without positions, and (in a file still being written, one
+    batch per row) a key written twice, whose later row wins."""
+    from kvqual import tokenstore
+
+    rng = np.random.default_rng(7)
+    ids, strings = [f"token_id:{i}" for i in range(40)], [f"w{i}" for i in range(40)]
+    rows = [(("s", str(i), 0), _record(rng, int(rng.integers(1, 30)), ids, k=3)) for i in range(6)]
+    rows.append((("s", "empty", 0), TokenLogprobs(tokens=(), token_logprobs=(), top_logprobs=())))
+    rows += [(("s", str(i), 0), _record(rng, int(rng.integers(1, 30)), strings, k=5)) for i in range(4, 9)]
+    path = tmp_path / "t.tokens.arrow"
+    monkeypatch.setattr(tokenstore, "READ_BATCH", 3)  # closing rewrites the stream in batches of 3 rows
+    out = tokenstore.TokenFile.open(path)
+    for key, lp in rows:
+        out.append(key, lp)
+    if closed:
+        out.close()  # the last row of each key, in batches of 3
+    batches = list(tokenstore.iter_batches(path))
+    assert len(batches) == (4 if closed else 12)
+    got = pos.load(tmp_path / "t.jsonl", top_k=top_k)
+    _same_arrays(got, pos.TokenArrays.from_table(pa.Table.from_batches(batches), top_k))
+    assert got.tokens.dtype == np.int64  # string codes past the id rows
+    assert len(got.index) == 10 and got.index[("s", "4", 0)] == (5 if closed else 7)  # closed: rows 4 and 5 of ids went
+    lp = rows[7][1]  # key 4's later row
+    assert [got.name(int(c)) for c in got.tokens_of(("s", "4", 0))] == list(lp.tokens)
+    if top_k:
+        first = got.top_codes[got.starts[got.index[("s", "4", 0)]]]
+        assert [got.name(int(c)) for c in first if c != pos.PAD] == list(lp.top_logprobs[0])
+    if not closed:
+        out.close()
+
+
+def test_load_of_ids_only_keeps_int32_codes(tmp_path) -> None:
+    from kvqual import tokenstore
+
+    rng = np.random.default_rng(3)
+    out = tokenstore.TokenFile.open(tmp_path / "t.tokens.arrow")
+    for i in range(5):
+        out.append(("s", str(i), 0), _record(rng, 10, [f"token_id:{j}" for j in range(50)]))
+    out.close()
+    got = pos.load(tmp_path / "t.jsonl")
+    assert got.tokens.dtype == np.int32 and got.top_codes.dtype == np.int32
+    assert got.top_codes.shape == (50, 5)
