@@ -198,6 +198,17 @@ def test_what_the_servers_served_must_be_what_the_load_measured(tmp_path):
 
 # ---------------------------------------------------------------- compares on fake servers
 
+REPORT_DOC = Path(__file__).resolve().parents[1] / "docs" / "report-json.md"
+
+
+def _paths(node: dict, where: str = "steady_speed") -> set[str]:
+    """Every key path of report.json's steady_speed, `<arm>` for the two arms (docs/report-json.md)."""
+    out = {where}
+    for key, child in node.items():
+        name = f"{where}.{'<arm>' if where.endswith('.arms') else key}"
+        out |= _paths(child, name) if isinstance(child, dict) else {name}
+    return out
+
 
 def _compare(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     code = main(["compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", *args])
@@ -239,6 +250,9 @@ def test_compare_gates_speedup_on_the_load_json(tmp_path, fake_server, capsys, m
     assert steady["source"] == str(faster / "load.json") and steady["concurrency"] == 16
     assert steady["ratio"]["estimate"] == pytest.approx(1.4699, abs=1e-4)
     assert "steady speed at saturation" in out
+    documented = {line.split("`")[1] for line in REPORT_DOC.read_text(encoding="utf-8").splitlines()
+                  if line.startswith("| `steady_speed")}
+    assert _paths(steady) == documented
 
     code, rep, _ = _compare(tmp_path, "--config", "gated.toml", "--speed-from", str(faster / "load.json"))
     out = capsys.readouterr().out
