@@ -595,6 +595,25 @@ def gate_fingerprint() -> dict[str, str]:
             "sources": digest}
 
 
+def tables(cell: Callable[..., dict[bool, Cell]], R: int) -> dict[str, Any]:
+    """Every cell the document's tables read, each through `cell(key, pool, noise, effect, repeats, ...)`."""
+    res: dict[str, Any] = {}
+    res["aa"] = {(nz, pool): cell("aa", pool, NOISES[nz]) for nz, pools in AA_POOLS.items() for pool in pools}
+    other = 1 if R == 3 else 3
+    res["aa_rep"] = {nz.key: cell("aa", DEFAULT_POOL, nz, repeats=other) for nz in (DETERMINISTIC, GPU)}
+    res["heavy"] = {pool: cell("aa", pool, HEAVY) for pool in (124, 500)}
+    res["truth"] = {nz.key: cell("aa@truth", DEFAULT_POOL, nz, policy=AT_TRUTH) for nz in (GPU, HEAVY)}
+    res["bound"] = {(name, nz.key, r): cell(f"bound:{name}", DEFAULT_POOL, nz, eff, r, criterion=name)
+                    for name, eff in AT_BOUND.items() for nz in (DETERMINISTIC, GPU) for r in (1, 3)}
+    res["bound500"] = {(name, nz.key): cell(f"bound:{name}", 500, nz, eff, 1, criterion=name, gate=False)
+                       for name, eff in AT_BOUND.items() for nz in (DETERMINISTIC, GPU)}
+    res["power"] = {label: cell(f"power:{label}", DEFAULT_POOL, GPU, eff) for label, eff in POWER.items()}
+    res["broken"] = {(nz.key, pool): (res["power"][BROKEN_LABEL] if nz is GPU and pool == DEFAULT_POOL
+                                      else cell(f"power:{BROKEN_LABEL}", pool, nz, BROKEN))
+                     for nz in (DETERMINISTIC, GPU) for pool in COST_POOLS}
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every cell and write the Markdown tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -607,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", type=Path, help="pickle the cells' results here after every cell")
     parser.add_argument("--resume", action="store_true",
                         help="with --save: reuse the cells already there (same gate sources, seed and sims)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="cells computed in this many processes at once (default 1); every cell has its own "
+                             "seed, so the figures are the same for any number")
     parser.add_argument("--render", type=Path, metavar="PICKLE",
                         help="write the doc from results saved with --save (same figures, no simulation)")
     args = parser.parse_args(argv)
@@ -634,44 +656,57 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"not resuming: {args.save} is of another gate, seed or sims", file=sys.stderr)
 
-    def cell(key: str, pool: int, noise: Noise, effect: Effect = Effect(), repeats: int = R,
-             criterion: str | None = None, policy: GatePolicy | None = None, gate: bool = True) -> dict[bool, Cell]:
+    def save() -> None:
+        if args.save:
+            args.save.write_bytes(pickle.dumps({"stamp": stamp, "cells": done}))
+
+    def cell_args(key: str, pool: int, noise: Noise, effect: Effect = Effect(), repeats: int = R,
+                  criterion: str | None = None, policy: GatePolicy | None = None, gate: bool = True
+                  ) -> tuple[tuple, tuple, dict]:
+        """A cell's name in `done`, and what `run_cell` is called with for it."""
         name = (key, pool, noise.key, repeats, policy is not None, gate)
+        return name, (cell_seed(args.seed, key, pool, noise.key, repeats), sims, pool, noise, effect, repeats,
+                      criterion), dict(policy=policy, gate=gate, progress=f"{key} pool={pool} {noise.key} R={repeats}")
+
+    def cell(*a: Any, **kw: Any) -> dict[bool, Cell]:
+        name, pos, named = cell_args(*a, **kw)
         if name not in done:
-            done[name] = run_cell(cell_seed(args.seed, key, pool, noise.key, repeats), sims, pool, noise, effect,
-                                  repeats, criterion, policy=policy, gate=gate,
-                                  progress=f"{key} pool={pool} {noise.key} R={repeats}")
-            if args.save:
-                args.save.write_bytes(pickle.dumps({"stamp": stamp, "cells": done}))
+            done[name] = run_cell(*pos, **named)
+            save()
         return done[name]
 
-    res: dict[str, Any] = {}
-    res["aa"] = {(nz, pool): cell("aa", pool, NOISES[nz]) for nz, pools in AA_POOLS.items() for pool in pools}
-    other = 1 if R == 3 else 3
-    res["aa_rep"] = {nz.key: cell("aa", DEFAULT_POOL, nz, repeats=other) for nz in (DETERMINISTIC, GPU)}
-    res["heavy"] = {pool: cell("aa", pool, HEAVY) for pool in (124, 500)}
-    res["truth"] = {nz.key: cell("aa@truth", DEFAULT_POOL, nz, policy=AT_TRUTH) for nz in (GPU, HEAVY)}
-    res["bound"] = {(name, nz.key, r): cell(f"bound:{name}", DEFAULT_POOL, nz, eff, r, criterion=name)
-                    for name, eff in AT_BOUND.items() for nz in (DETERMINISTIC, GPU) for r in (1, 3)}
-    res["bound500"] = {(name, nz.key): cell(f"bound:{name}", 500, nz, eff, 1, criterion=name, gate=False)
-                       for name, eff in AT_BOUND.items() for nz in (DETERMINISTIC, GPU)}
-    res["power"] = {label: cell(f"power:{label}", DEFAULT_POOL, GPU, eff) for label, eff in POWER.items()}
-    res["broken"] = {(nz.key, pool): (res["power"][BROKEN_LABEL] if nz is GPU and pool == DEFAULT_POOL
-                                      else cell(f"power:{BROKEN_LABEL}", pool, nz, BROKEN))
-                     for nz in (DETERMINISTIC, GPU) for pool in COST_POOLS}
+    if args.jobs > 1:  # every cell the tables need, the largest pools first, `jobs` at a time
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        wanted: dict[tuple, tuple[tuple, dict]] = {}
+
+        def plan(*a: Any, **kw: Any) -> dict[bool, Cell]:
+            name, pos, named = cell_args(*a, **kw)
+            if name not in done:
+                wanted[name] = (pos, named)
+            return {}
+
+        tables(plan, R)
+        with ProcessPoolExecutor(args.jobs) as ex:
+            futures = {ex.submit(run_cell, *pos, **named): name
+                       for name, (pos, named) in sorted(wanted.items(), key=lambda kv: -kv[1][0][2])}
+            for f in as_completed(futures):
+                done[futures[f]] = f.result()
+                save()
+    res = tables(cell, R)
     elapsed = time.perf_counter() - t0
     print(f"all cells: {elapsed / 60:.1f} min", file=sys.stderr)
     if args.quick:
         return 0
     command = f".venv/bin/python scripts/calibrate.py --sims {sims} --seed {args.seed}" + (
-        f" --repeats {R}" if R != 1 else "")
+        f" --repeats {R}" if R != 1 else "") + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
     after = gate_fingerprint()
     if after["sources"] != gate["sources"]:
         print(f"WARNING: the gate's sources changed while this ran ({gate['sources']} -> {after['sources']}); "
               "the figures are of the gate at the start: rerun", file=sys.stderr)
     compute = sum(next(iter(c.values())).seconds for c in done.values())
     meta = dict(command=command, seed=args.seed, sims=sims, repeats=R, started=started, elapsed=elapsed,
-                load=(load, _loadavg()), gate=gate, compute=compute)
+                load=(load, _loadavg()), gate=gate, compute=compute, jobs=args.jobs)
     if args.save:
         args.save.with_suffix(".render.pkl").write_bytes(pickle.dumps({"res": res, **meta}))
     args.out.write_text(render(res, **meta))
@@ -711,7 +746,7 @@ def _smallest_pool(rates: dict[int, float], target: float) -> str:
 
 
 def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: int, started: _dt.datetime, elapsed: float,
-           load: tuple[float | None, float | None], gate: dict[str, str], compute: float) -> str:
+           load: tuple[float | None, float | None], gate: dict[str, str], compute: float, jobs: int = 1) -> str:
     """docs/calibration.md from the cells' results."""
     P, alpha = POLICY, POLICY.alpha
     level = nominal_alpha(alpha, SEQ_LOOKS)
@@ -725,7 +760,7 @@ def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: 
 
 Generated by `{command}` ({sims} simulated compares per cell, seed {seed}),
 started {started:%Y-%m-%d %H:%M}: {compute / 60:.0f} min of single-process compute summed over the cells
-({elapsed / 60:.0f} min wall clock for the last run{" of a resumed one" if compute > elapsed + 60 else ""}) on this project's
+({elapsed / 60:.0f} min wall clock for the last run{f", {jobs} processes at once" if jobs > 1 else ""}{" of a resumed one" if compute > jobs * elapsed + 60 else ""}) on this project's
 2-core machine (load average {load_txt} at start / end: shared with other work, so times are upper bounds),
 on the gate of commit {gate["commit"]}{" with uncommitted changes to it" if gate["dirty"] == "yes" else ""} (gate sources {gate["sources"]}).
 Do not edit by hand: rerun the script. `--quick` (200 per cell) prints the same figures without writing.
