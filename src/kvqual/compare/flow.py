@@ -4,7 +4,8 @@ Round k covers the first sizes[k] items of the seeded item order (gate.look_size
 shares of the pool, `[gate] looks` of them; 1 = fixed-n). Each round runs the baseline, its
 A/A generation replicate (the `aa_fraction` share of the round's items), teacher forcing of
 the baseline's completions on the baseline (plus the A/A pass, which stops once a deterministic
-server has reproduced it bit for bit) and on the candidate; then the gate judges everything so
+server has reproduced it bit for bit) and on the candidate, every scoring server under one prompt
+limit (the smaller of the servers' max_model_len: both arms score the same windows); then the gate judges everything so
 far (`session.judge`, pure over the saved files). Every answer lands in the run folders first,
 so an interrupted compare resumes where it stopped.
 
@@ -76,6 +77,9 @@ class Compare:
         self.started = time.monotonic()
         self.tokens_spent = 0
         self.base_rounds, self.base_stop = len(self.sizes), None  # baseline rounds run (separate servers)
+        # the prompt tokens a teacher-forcing window may hold on every scoring server of this comparison: the
+        # smaller of the two servers' max_model_len − 1, so both arms score a long completion in the same windows
+        self.window_limit: int | None = None
         # overlap a round's parts on one server (fuller batches, ~a third less wall time on CPU) unless speed
         # is gated on the answers: then each arm's answers run alone, so its per-request speed is measured on
         # equal terms (a --speed-from load.json measured speed apart: the answers' speed is not judged)
@@ -122,7 +126,8 @@ class Compare:
                     show.expect(n)  # the plan counted on the floor reproducing
                 with show.part(f"forcing on {role}", n * (2 if again else 1)) as tick:
                     await session.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir,
-                                                keys=set(self.order[:upto]), again=again, check=first, on_done=tick)
+                                                keys=set(self.order[:upto]), again=again, check=first,
+                                                limit=self.window_limit, on_done=tick)
             return bm
 
         async def replicate() -> RunManifest | None:
@@ -166,7 +171,7 @@ class Compare:
                 with show.part(f"forcing on {role}", n) as tick:
                     await session.teacher_force(t, cm, self.root / bm.run_id, self.items, self.run,
                                                 own_dir=self.root / cm.run_id, keys=set(self.order[:upto]),
-                                                check=first, on_done=tick)
+                                                check=first, limit=self.window_limit, on_done=tick)
 
         if first or self.state.cm is None or not self.overlap:
             self.state.cm = await answers()
@@ -174,6 +179,18 @@ class Compare:
         else:
             self.state.cm, _ = await asyncio.gather(answers(), forcing(self.state.cm))
         self._spent()
+
+    def _candidate_window_limit(self, own: int | None) -> None:
+        """Servers one at a time: the baseline's completions were scored on it under its own limit;
+        the candidate's windows follow it unless the candidate admits less, when the pairs longer
+        than that are scored in different windows, left out of the token metrics (WINDOWS_DIFFER)."""
+        base = self.window_limit
+        self.window_limit = own if base is None else base if own is None else min(base, own)
+        if base is not None and own is not None and own < base:
+            session.say(f"warning: {self.cand_t.name} admits {own} prompt tokens, {self.base_t.name} {base}, "
+                        "which scored the baseline's completions first: completions longer than that are scored "
+                        "in different windows and left out of the token metrics (give both servers the same "
+                        "max_model_len; docs/longgen.md)")
 
     def _floor_reproduced(self, bm: RunManifest) -> bool:
         base_dir = self.root / bm.run_id
@@ -232,6 +249,8 @@ class Compare:
         try:
             if together:
                 async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
+                    if self.tf:
+                        self.window_limit = await session.common_window_limit(b, c)
                     for k in range(len(self.sizes)):
                         show.start_round(k)
                         await self.base_round(b, k)
@@ -240,6 +259,8 @@ class Compare:
                             break
             else:
                 async with serving(self.base_t, rd) as b:
+                    if self.tf:  # the candidate's server is not up yet: the baseline's own limit
+                        self.window_limit = await session.common_window_limit(b)
                     for k in range(len(self.sizes)):
                         show.start_round(k)
                         await self.base_round(b, k)
@@ -247,6 +268,8 @@ class Compare:
                         if self.base_stop:
                             break
                 async with serving(self.cand_t, rd) as c:
+                    if self.tf:
+                        self._candidate_window_limit(await session.common_window_limit(c))
                     for k in range(self.base_rounds):
                         show.start_round(k)
                         await self.cand_round(c, k)

@@ -50,6 +50,35 @@ def teacher_file(base_dir: Path, scorer_run_id: str, again: bool = False) -> Pat
     return base_dir / f"teacher-by-{scorer_run_id}{'-again' if again else ''}.jsonl"
 
 
+def window_file(base_dir: Path, scorer_run_id: str) -> Path:
+    """Where a compare records the prompt limit a scoring server's windows were planned against
+    (`TeacherForcer.limit_to`; docs/longgen.md), so the report says it, offline too."""
+    return base_dir / f"teacher-window-by-{scorer_run_id}.json"
+
+
+def window_limit_of(base_dir: Path, scorer_run_id: str) -> tuple[bool, int | None]:
+    """(recorded?, the limit): a run forced before kvqual recorded it has no file."""
+    try:
+        return True, json.loads(window_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))["max_prompt"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, None
+
+
+async def common_window_limit(*targets: Target) -> int | None:
+    """The smallest prompt limit any of these scoring servers reports (`/v1/models` max_model_len,
+    less echo's one token); None when none reports one. Given to every forcer of a comparison
+    (`limit_to`), it makes both arms score a long completion in the same windows."""
+    limits = []
+    for t in targets:
+        forcer = TeacherForcer(t.base_url, t.api_key(), t.model or "", 0, 30.0, 1)
+        try:
+            limits.append(await forcer.prompt_limit())
+        finally:
+            await forcer.aclose()
+    known = [n for n in limits if n is not None]
+    return min(known) if known else None
+
+
 def refusal_file(base_dir: Path, scorer_run_id: str) -> Path:
     """Where a compare records that a server's echo failed the trust check (so no round forces it
     again, and `kvqual report` says the same thing offline)."""
@@ -69,18 +98,22 @@ def say(message: str) -> None:
 
 async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
                         run: RunDefaults, own_dir: Path, *, keys: set[tuple[str, str]] | None = None,
-                        again: bool = False, check: bool = True,
+                        again: bool = False, check: bool = True, limit: int | None = None,
                         on_done: Callable[[], None] | None = None) -> float | None:
     """Teacher-force the baseline's completions (of the items in `keys`, all when None) on `target`;
     `again` also runs the second pass on the same server (the token-level A/A floor). `check`:
     first score the server's own outputs, per API kind, and refuse an echo that disagrees.
+    `limit`: the prompt tokens a window may hold (`common_window_limit` of the comparison's
+    servers; None: the server's own), recorded beside the teacher files.
     `on_done` is called per completion forced (either pass)."""
     if refusal(base_dir, manifest.run_id) is not None:
         return None  # this server's echo was refused at an earlier round
     base_samples = [s for s in load_samples(base_dir, "tokens").values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
     forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
     forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
-                        run.timeout, run.concurrency, run.retries)
+                        run.timeout, run.concurrency, run.retries).limit_to(limit)
+    write_json_atomic(window_file(base_dir, manifest.run_id), {"target": target.name, "run_id": manifest.run_id,
+                                                               "max_prompt": limit})
     probe = any(item.meta and "cache_wave" in item.meta for item in items.values())
     if forcer_cls is TeacherForcer and (target.cold or probe):  # SGLang has no cache_salt
         forcer.salted(f"kvqual-forced:{manifest.run_id}:{'again' if again else 'first'}")
@@ -324,12 +357,20 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             # how the candidate's forced pairs were scored: exact token ids, or text alignment (the fallback)
             "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)},
             # candidate pairs whose completion was longer than the server admits, scored in windows
-            "chunked": sum(1 for k, f in forced_c.items() if f.chunks and (k[0], k[1]) in judged)},
+            "chunked": sum(1 for k, f in forced_c.items() if f.chunks and (k[0], k[1]) in judged),
+            "window_limit": _window_limits(base_dir, bm, cm) if teacher_forcing else None},
         "capacity": capacity(bm, cm),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
         "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
         **({"steady_speed": speed_from.to_json()} if speed_from is not None else {}),
     }
+
+
+def _window_limits(base_dir: Path, bm: RunManifest, cm: RunManifest) -> dict[str, int | None] | None:
+    """The prompt limit each scoring server's windows were planned against; None when the runs
+    record none (forced before kvqual recorded it)."""
+    (b_known, b), (c_known, c) = window_limit_of(base_dir, bm.run_id), window_limit_of(base_dir, cm.run_id)
+    return {"baseline": b, "candidate": c} if b_known or c_known else None
 
 
 def capacity(base: RunManifest, cand: RunManifest) -> dict[str, Any] | None:

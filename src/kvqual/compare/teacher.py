@@ -20,8 +20,9 @@ scores as fits; the first scores the completion's head with its full context, ea
 next `stride` tokens, seeing at least half the window's completion room of preceding completion.
 Exact up to the first window's end; past it a token's logprobs are conditioned on the prompt + the
 last few hundred (or thousand) completion tokens, not the whole completion, at positions of the
-window, not of the generation. Both servers score the same windows when they report the same limit;
-the item records its windows (`Forced.chunks`), see docs/longgen.md.
+window, not of the generation. Both servers score the same windows under the same limit, which the
+compare gives every forcer of a comparison (`limit_to`: the smaller of the servers' limits); the item
+records its windows (`Forced.chunks`), see docs/longgen.md.
 """
 
 from __future__ import annotations
