@@ -60,7 +60,8 @@ def test_steady_speedup_against_hand_computed_values(bound, t, status):
     a = 121 - tq**2 * 0.5
     root = math.sqrt(tq**2 * (242 + 242 - tq**2))
     assert c.ci_level == pytest.approx(0.9)
-    assert c.ci_low == pytest.approx((242 - root) / a, rel=1e-9) and c.ci_high == pytest.approx((242 + root) / a, rel=1e-9)
+    assert c.ci_low == pytest.approx((242 - root) / a, rel=1e-9)
+    assert c.ci_high == pytest.approx((242 + root) / a, rel=1e-9)
     assert c.ci_low == pytest.approx(1.68722, abs=1e-5) and c.ci_high == pytest.approx(2.37077, abs=1e-5)
     assert "Fieller on 5 + 5 batch means, 8.0 df" in c.detail and "from load.json" in c.detail
     assert "the same evidence at every look" in c.detail
@@ -85,7 +86,8 @@ def test_an_arm_of_one_batch_is_undecided_and_a_sequential_compare_sees_the_same
                                                                (20, GateInputs(steady_speed=s))], 0)
     speed = next(c for c in v.criteria if c.name == "speedup")
     ci = ls.fieller_ratio_ci(BASE, CAND, 1 - 2 * speed.level)
-    assert speed.level == pytest.approx(nominal_alpha(0.05, 4)) == pytest.approx(0.0194, abs=1e-4) and (speed.ci_low, speed.ci_high) == (ci.low, ci.high)
+    assert speed.level == pytest.approx(nominal_alpha(0.05, 4)) == pytest.approx(0.0194, abs=1e-4)
+    assert (speed.ci_low, speed.ci_high) == (ci.low, ci.high)
     rows = [look["criteria"]["speedup"] for look in v.to_json()["sequential"]["looks"]]
     assert len(rows) == 2 and rows[0] == rows[1]
 
@@ -150,10 +152,12 @@ def _bad_files(tmp_path: Path) -> list[tuple[str, str]]:
         ("other.json", "other.json: not a kvqual load.json"),
         ("partial", "partial/load.json: holds no ratio (status 'partial', 1 target(s) measured"),
         ("failed", "failed/load.json: the load failed"),
-        ("swapped", "swapped/load.json: measured cand (baseline) vs base, this compare is base vs cand, the other way round"),
+        ("swapped", "swapped/load.json: measured cand (baseline) vs base, this compare is base vs cand, "
+                    "the other way round"),
         ("elsewhere", "elsewhere/load.json: base was measured with base_urls ['http://10.0.0.1:8000/v1'], the config "
                       "now says ['http://127.0.0.1:9/v1']"),
-        ("edited", "edited/load.json: not a complete load.json: ratio.estimate 2.5 is not the arms' batch means' ratio"),
+        ("edited", "edited/load.json: not a complete load.json: ratio.estimate 2.5 is not the arms' batch "
+                   "means' ratio"),
     ]
 
 
@@ -261,7 +265,8 @@ def test_compare_gates_speedup_on_the_load_json(tmp_path, fake_server, capsys, m
     assert speed["status"] == "pass" and speed["role"] == "primary" and speed["bound_low"] == 1.3
     want = ls.fieller_ratio_ci(GOOD_B, GOOD_C, 0.9)
     assert (speed["ci_low"], speed["ci_high"]) == pytest.approx((want.low, want.high)) and speed["ci_low"] > 1.3
-    assert f"from {faster / 'load.json'} (kvqual load at concurrency 16; steady windows base 30–240 s" in speed["detail"]
+    where = f"from {faster / 'load.json'} (kvqual load at concurrency 16; steady windows base 30–240 s"
+    assert where in speed["detail"]
     assert rep["verdict"]["sequential"]["overlap"] is True
 
     code, rep, _ = _compare(tmp_path, "--config", "gated.toml", "--speed-from", str(slower))

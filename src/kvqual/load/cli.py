@@ -18,7 +18,8 @@ seconds against each target in turn, discards the warm-up, and reports steady-st
 and requests/s with batch-means 95% intervals, TTFT/ITL percentiles, and the server's own running /
 queued requests and KV usage (time-weighted means) with its KV capacity. With two targets: the
 second's steady throughput over the first's, with Fieller's interval, and the concurrency each
-sustained. Results: results/load-<targets>-<time>/load.json (docs/speed.md).
+sustained. Results: results/load-<targets>-<time>/load.json (docs/speed.md); `kvqual compare BASE
+CAND --speed-from results/load-…/` judges its speedup criterion on that ratio.
 Exit: 0 measured, 2 bad input, 4 a target unreachable or too many failed requests."""
 
 
