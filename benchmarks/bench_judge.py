@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import kvqual
-from kvqual.compare.session import teacher_file
+from kvqual.compare.forcing import teacher_file
 from kvqual.compare.teacher import Forced, save_forced
 from kvqual.config import Target
 from kvqual.records import GenerationParams, Item, Sample, SuiteRef, TokenLogprobs

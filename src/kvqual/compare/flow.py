@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvqual.compare import metrics as mx
-from kvqual.compare import session
-from kvqual.compare.progress import CompareProgress
+from kvqual.compare import forcing, session
+from kvqual.compare.progress import CompareProgress, say
 from kvqual.config import Config, RunDefaults, Target
 from kvqual.gate import look_sizes
 from kvqual.records import RunManifest
@@ -125,7 +125,7 @@ class Compare:
                 if again and not first:
                     show.expect(n)  # the plan counted on the floor reproducing
                 with show.part(f"forcing on {role}", n * (2 if again else 1)) as tick:
-                    await session.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir,
+                    await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir,
                                                 keys=set(self.order[:upto]), again=again, check=first,
                                                 limit=self.window_limit, on_done=tick)
             return bm
@@ -166,18 +166,18 @@ class Compare:
                                         replicate=2 if self.cand_t.name == self.base_t.name else 0, items_upto=upto,
                                         progress=False, on_done=tick)
 
-        async def forcing(cm: RunManifest) -> None:
+        async def forced(cm: RunManifest) -> None:
             if self.tf:
                 with show.part(f"forcing on {role}", n) as tick:
-                    await session.teacher_force(t, cm, self.root / bm.run_id, self.items, self.run,
+                    await forcing.teacher_force(t, cm, self.root / bm.run_id, self.items, self.run,
                                                 own_dir=self.root / cm.run_id, keys=set(self.order[:upto]),
                                                 check=first, limit=self.window_limit, on_done=tick)
 
         if first or self.state.cm is None or not self.overlap:
             self.state.cm = await answers()
-            await forcing(self.state.cm)
+            await forced(self.state.cm)
         else:
-            self.state.cm, _ = await asyncio.gather(answers(), forcing(self.state.cm))
+            self.state.cm, _ = await asyncio.gather(answers(), forced(self.state.cm))
         self._spent()
 
     def _candidate_window_limit(self, own: int | None) -> None:
@@ -187,15 +187,15 @@ class Compare:
         base = self.window_limit
         self.window_limit = own if base is None else base if own is None else min(base, own)
         if base is not None and own is not None and own < base:
-            session.say(f"warning: {self.cand_t.name} admits {own} prompt tokens, {self.base_t.name} {base}, "
+            say(f"warning: {self.cand_t.name} admits {own} prompt tokens, {self.base_t.name} {base}, "
                         "which scored the baseline's completions first: completions longer than that are scored "
                         "in different windows and left out of the token metrics (give both servers the same "
                         "max_model_len; docs/longgen.md)")
 
     def _floor_reproduced(self, bm: RunManifest) -> bool:
         base_dir = self.root / bm.run_id
-        again = session.forcing_of(session.teacher_file(base_dir, bm.run_id, True))
-        return mx.floor_reproduced(session.forcing_of(session.teacher_file(base_dir, bm.run_id)), again) \
+        again = forcing.forcing_of(forcing.teacher_file(base_dir, bm.run_id, True))
+        return mx.floor_reproduced(forcing.forcing_of(forcing.teacher_file(base_dir, bm.run_id)), again) \
             and len(again.records) >= mx.MIN_REPRODUCED
 
     def _spent(self) -> None:
@@ -235,7 +235,7 @@ class Compare:
             report = self.judge(k)
         self.state.report = report
         decided = report["verdict"]["verdict"] != "INCONCLUSIVE"
-        session.say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report['verdict']['verdict']}"
+        say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report['verdict']['verdict']}"
                     + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None
 
@@ -250,7 +250,7 @@ class Compare:
             if together:
                 async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
                     if self.tf:
-                        self.window_limit = await session.common_window_limit(b, c)
+                        self.window_limit = await forcing.common_window_limit(b, c)
                     for k in range(len(self.sizes)):
                         show.start_round(k)
                         await self.base_round(b, k)
@@ -260,7 +260,7 @@ class Compare:
             else:
                 async with serving(self.base_t, rd) as b:
                     if self.tf:  # the candidate's server is not up yet: the baseline's own limit
-                        self.window_limit = await session.common_window_limit(b)
+                        self.window_limit = await forcing.common_window_limit(b)
                     for k in range(len(self.sizes)):
                         show.start_round(k)
                         await self.base_round(b, k)
@@ -269,7 +269,7 @@ class Compare:
                             break
                 async with serving(self.cand_t, rd) as c:
                     if self.tf:
-                        self._candidate_window_limit(await session.common_window_limit(c))
+                        self._candidate_window_limit(await forcing.common_window_limit(c))
                     for k in range(self.base_rounds):
                         show.start_round(k)
                         await self.cand_round(c, k)

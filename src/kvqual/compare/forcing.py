@@ -1,0 +1,141 @@
+"""Teacher forcing of a compare's rounds, and the files it leaves beside the baseline's run.
+
+For each scoring server: `teacher-by-<run>.jsonl` (+ its token file; `-again` for the A/A pass),
+`teacher-window-by-<run>.json` (the prompt limit its windows were planned against: the smallest
+any server of the comparison reports, so both arms score the same windows; docs/longgen.md) and,
+when its echo failed the trust check, `teacher-refused-by-<run>.json` (no later round forces it
+again, and `kvqual report` says so offline). `teacher_force` runs the passes of one round
+(`teacher.py`: vLLM shapes and kvqual serve; `sglang.py`: SGLang's /generate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from kvqual.compare import metrics as mx
+from kvqual.compare.progress import say
+from kvqual.compare.sglang import SglangForcer
+from kvqual.compare.teacher import FAILED, Forced, TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
+from kvqual.config import RunDefaults, Target
+from kvqual.errors import EchoDisagreement, InfrastructureError
+from kvqual.records import Item, RunManifest
+from kvqual.store import load_samples, write_json_atomic
+
+
+def forcing_from(path: Path, records: Mapping[tuple[str, str, int], Forced]) -> mx.Forcing:
+    """A teacher file's records with their per-token data as arrays (an empty pass when the
+    records were left out: teacher forcing off or refused)."""
+    if not records:
+        return mx.Forcing({})
+    return mx.Forcing(records, path=path)  # its arrays are read when first used
+
+
+def forcing_of(path: Path) -> mx.Forcing:
+    """A teacher file, read for the judge: records + arrays."""
+    return forcing_from(path, load_forced(path, logprobs=False))
+
+
+def teacher_file(base_dir: Path, scorer_run_id: str, again: bool = False) -> Path:
+    return base_dir / f"teacher-by-{scorer_run_id}{'-again' if again else ''}.jsonl"
+
+
+def window_file(base_dir: Path, scorer_run_id: str) -> Path:
+    """Where a compare records the prompt limit a scoring server's windows were planned against
+    (`TeacherForcer.limit_to`; docs/longgen.md), so the report says it, offline too."""
+    return base_dir / f"teacher-window-by-{scorer_run_id}.json"
+
+
+def window_limit_of(base_dir: Path, scorer_run_id: str) -> tuple[bool, int | None]:
+    """(recorded?, the limit): a run forced before kvqual recorded it has no file."""
+    try:
+        return True, json.loads(window_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))["max_prompt"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, None
+
+
+async def common_window_limit(*targets: Target) -> int | None:
+    """The smallest prompt limit any of these scoring servers reports (`/v1/models` max_model_len,
+    less echo's one token); None when none reports one. Given to every forcer of a comparison
+    (`limit_to`), it makes both arms score a long completion in the same windows."""
+    limits = []
+    for t in targets:
+        forcer = TeacherForcer(t.base_url, t.api_key(), t.model or "", 0, 30.0, 1)
+        try:
+            limits.append(await forcer.prompt_limit())
+        finally:
+            await forcer.aclose()
+    known = [n for n in limits if n is not None]
+    return min(known) if known else None
+
+
+def refusal_file(base_dir: Path, scorer_run_id: str) -> Path:
+    """Where a compare records that a server's echo failed the trust check (so no round forces it
+    again, and `kvqual report` says the same thing offline)."""
+    return base_dir / f"teacher-refused-by-{scorer_run_id}.json"
+
+
+def refusal(base_dir: Path, scorer_run_id: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(refusal_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
+                        run: RunDefaults, own_dir: Path, *, keys: set[tuple[str, str]] | None = None,
+                        again: bool = False, check: bool = True, limit: int | None = None,
+                        on_done: Callable[[], None] | None = None) -> float | None:
+    """Teacher-force the baseline's completions (of the items in `keys`, all when None) on `target`;
+    `again` also runs the second pass on the same server (the token-level A/A floor). `check`:
+    first score the server's own outputs, per API kind, and refuse an echo that disagrees.
+    `limit`: the prompt tokens a window may hold (`common_window_limit` of the comparison's
+    servers; None: the server's own), recorded beside the teacher files.
+    `on_done` is called per completion forced (either pass)."""
+    if refusal(base_dir, manifest.run_id) is not None:
+        return None  # this server's echo was refused at an earlier round
+    base_samples = [s for s in load_samples(base_dir, "tokens").values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
+    forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
+    forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
+                        run.timeout, run.concurrency, run.retries).limit_to(limit)
+    write_json_atomic(window_file(base_dir, manifest.run_id), {"target": target.name, "run_id": manifest.run_id,
+                                                               "max_prompt": limit})
+    probe = any(item.meta and "cache_wave" in item.meta for item in items.values())
+    if forcer_cls is TeacherForcer and (target.cold or probe):  # SGLang has no cache_salt
+        forcer.salted(f"kvqual-forced:{manifest.run_id}:{'again' if again else 'first'}")
+    try:
+        trust = None
+        if check:
+            own = trust_sample(list(load_samples(own_dir, "tokens").values()), items)
+            own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own]
+            try:
+                trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
+            except EchoDisagreement as exc:
+                # keep every answer and go on: the generation criteria still judge; the token criteria
+                # are refused for this server, with why (never scored on noise, never silently dropped)
+                write_json_atomic(refusal_file(base_dir, manifest.run_id), {
+                    "target": target.name, "run_id": manifest.run_id, "mean_abs_nats": round(exc.mean_abs, 4),
+                    "cause": exc.cause, "message": str(exc)})
+                say(f"warning: {exc}; judging {target.name} without teacher-forced metrics")
+                return None
+        started = time.perf_counter()
+        passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id), on_done)]
+        if again:  # both passes at once: the server batches them together
+            passes.append(force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True),
+                                    on_done))
+        for forced in await asyncio.gather(*passes):
+            failed = [f for f in forced if (f.reason or "").startswith(FAILED)]
+            if forced and len(failed) / len(forced) > run.max_failed_rate:
+                raise InfrastructureError(
+                    f"{target.name}: teacher forcing: {len(failed)} of {len(forced)} requests failed "
+                    f"({len(failed) / len(forced):.1%} > max_failed_rate {run.max_failed_rate:.1%}; "
+                    f"{failed[0].reason}) — run the same command again to retry them")
+        say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
+             + (" twice (the second pass is the A/A floor)" if again else "")
+             + f": {time.perf_counter() - started:.0f} s")
+        return trust
+    finally:
+        await forcer.aclose()
