@@ -117,7 +117,10 @@ def _load_tasks(tasks: list[str], include_path: str | None) -> tuple[Any, dict[s
             raise SuiteError(PREFIX + task, None, "lm-eval knows no such task "
                              "(check the name, or pass --include-path with its YAML folder)")
     try:
-        task_dict = get_task_dict(tasks, manager)
+        if hasattr(manager, "load"):  # newer lm-eval (0.4.13 here): every leaf task by name; get_task_dict is deprecated
+            task_dict = dict(manager.load(tasks)["tasks"])
+        else:
+            task_dict = get_task_dict(tasks, manager)
     except Exception as exc:  # datasets raises many types for missing / uncached data
         raise SuiteError(PREFIX + ",".join(tasks), None,
                          f"could not load the task data offline ({type(exc).__name__}: "
