@@ -745,8 +745,9 @@ def _smallest_pool(rates: dict[int, float], target: float) -> str:
     return f"more than {max(rates)}"
 
 
-def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: int, started: _dt.datetime, elapsed: float,
-           load: tuple[float | None, float | None], gate: dict[str, str], compute: float, jobs: int = 1) -> str:
+def render(res: dict[str, Any], *, command: str, seed: int, sims: int, repeats: int, started: _dt.datetime,
+           elapsed: float, load: tuple[float | None, float | None], gate: dict[str, str], compute: float,
+           jobs: int = 1) -> str:
     """docs/calibration.md from the cells' results."""
     P, alpha = POLICY, POLICY.alpha
     level = nominal_alpha(alpha, SEQ_LOOKS)

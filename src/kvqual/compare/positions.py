@@ -272,7 +272,8 @@ class _Placer:
         out, r0, p0 = self.out, self.row, self.pos
         rows, n = part.starts.size - 1, int(part.starts[-1])
         if (rows, n) != extent[:2]:
-            raise RuntimeError(f"{path}: a batch changed between two reads ({extent[:2]} -> {(rows, n)} rows, positions)")
+            raise RuntimeError(f"{path}: a batch changed between two reads "
+                               f"({extent[:2]} -> {(rows, n)} rows, positions)")
         out.index.update((k, i + r0) for k, i in part.index.items())
         out.names.update(part.names)
         out.starts[r0 + 1:r0 + rows + 1] = part.starts[1:] + p0

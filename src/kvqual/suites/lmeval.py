@@ -117,7 +117,7 @@ def _load_tasks(tasks: list[str], include_path: str | None) -> tuple[Any, dict[s
             raise SuiteError(PREFIX + task, None, "lm-eval knows no such task "
                              "(check the name, or pass --include-path with its YAML folder)")
     try:
-        if hasattr(manager, "load"):  # newer lm-eval (0.4.13 here): every leaf task by name; get_task_dict is deprecated
+        if hasattr(manager, "load"):  # newer lm-eval (0.4.13 here): every leaf task by name; get_task_dict deprecated
             task_dict = dict(manager.load(tasks)["tasks"])
         else:
             task_dict = get_task_dict(tasks, manager)
