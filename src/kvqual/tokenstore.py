@@ -26,7 +26,7 @@ import mmap
 import os
 from itertools import chain
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from scipy import stats
 
 from kvqual.gate import GatePolicy

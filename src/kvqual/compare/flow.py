@@ -188,9 +188,9 @@ class Compare:
         self.window_limit = own if base is None else base if own is None else min(base, own)
         if base is not None and own is not None and own < base:
             say(f"warning: {self.cand_t.name} admits {own} prompt tokens, {self.base_t.name} {base}, "
-                        "which scored the baseline's completions first: completions longer than that are scored "
-                        "in different windows and left out of the token metrics (give both servers the same "
-                        "max_model_len; docs/longgen.md)")
+                "which scored the baseline's completions first: completions longer than that are scored "
+                "in different windows and left out of the token metrics (give both servers the same "
+                "max_model_len; docs/longgen.md)")
 
     def _floor_reproduced(self, bm: RunManifest) -> bool:
         base_dir = self.root / bm.run_id
@@ -236,7 +236,7 @@ class Compare:
         self.state.report = report
         decided = report["verdict"]["verdict"] != "INCONCLUSIVE"
         say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report['verdict']['verdict']}"
-                    + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
+            + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None
 
     async def execute(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import gc
 import json
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -57,8 +58,6 @@ def verify(base: RunManifest, cand: RunManifest, allow_mismatch: bool) -> list[s
 
 async def as_reported(target: Target, like: RunManifest) -> RunManifest:
     """What `target` reports about itself, shaped as a manifest so `verify` can check it before a run."""
-    from dataclasses import replace
-
     from kvqual import probe
 
     info = await probe.describe(target.base_url, target.api_key())
@@ -167,6 +166,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     if teacher_forcing and refused:
         inputs = _refused_coverage(inputs, tf_note or "")
     tb, tc = mx.throughput_pairs(base_s, cand_s)
+    steady = speed_from.steady_speed() if speed_from is not None else None  # the same at every look
     looks = []
     for n in sizes:
         items_n = set(order[:n])
@@ -175,13 +175,9 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
                                                              evidence)
         if teacher_forcing and refused and n != sizes[-1]:
             look = _refused_coverage(look, tf_note or "")
-        if speed_from is not None:
-            from dataclasses import replace
-
-            look = replace(look, steady_speed=speed_from.steady_speed())
+        if steady is not None:
+            look = replace(look, steady_speed=steady)
         elif policy.min_speedup is not None and tb.size >= 2:
-            from dataclasses import replace
-
             look = replace(look, base_throughput=tb, cand_throughput=tc)
         looks.append((n, look))
     verdict = decide_sequence(policy, looks, seed)
@@ -277,9 +273,6 @@ def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
 
 def _refused_coverage(inputs: Any, why: str) -> Any:
     """Gate inputs with the token criteria refused: every pair left out, for the recorded reason."""
-    from collections import Counter
-    from dataclasses import replace
-
     from kvqual.gate import TokenCoverage
 
     n = inputs.coverage.pairs if inputs.coverage is not None else 0

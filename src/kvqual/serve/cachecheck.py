@@ -27,6 +27,7 @@ from kvqual.serve.prefixcache import block_keys
 from kvqual.serve.server import build_state
 from kvqual.suites.generated import SHARED_PER_DOC, generate
 
+
 @dataclass(frozen=True)
 class Prompt:
     doc: str
