@@ -82,6 +82,8 @@ max_tokens = 32
     assert tf["pairs"] == 16 and tf["usable"] == 16, tf
     assert tf["methods"] == {"ids": 16, "text": 0}
     assert runs["baseline"]["token_ids"] and runs["candidate"]["token_ids"]
+    # both arms' windows planned against vLLM's own /v1/models max_model_len (8192 in vllm-cpu.sh), less echo's token
+    assert tf["window_limit"] == {"baseline": 8191, "candidate": 8191}, tf
     kl = next(c for c in report["verdict"]["criteria"] if c["name"] == "kl_excess")
     assert kl["status"] != "not_evaluated" and kl["estimate"] is not None
     chat = report["suites"]["arith"]["teacher"]["ab"]
