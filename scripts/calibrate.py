@@ -129,13 +129,17 @@ class Effect:
     per-unit KL and top-1 disagreement added to the candidate's teacher-forced pass; loop_rate:
     share of candidate outputs that run into a loop; diverge: share of candidate outputs that
     differ from the baseline's canonical output on a deterministic server (a real config change
-    moves outputs; e4m3 on the embedded default: 42%)."""
+    moves outputs; e4m3 on the embedded default: 42%); d2_drop: distinct-2 lost by every candidate
+    output (its repeated-bigram share up by that much); len_spread a: every candidate output's length
+    × (1 + a) or × (1 − a) with even odds (a change of shape, the mean kept)."""
 
     acc_drop: float = 0.0
     kl_excess: float = 0.0
     top1_loss: float = 0.0
     loop_rate: float = 0.0
     diverge: float = 0.0
+    d2_drop: float = 0.0
+    len_spread: float = 0.0
 
     @property
     def is_aa(self) -> bool:
@@ -146,6 +150,11 @@ class Effect:
 WORKING = Effect(kl_excess=0.005, top1_loss=0.02, diverge=0.42)
 KL_SIGMA = 0.6  # lognormal σ of an item's sensitivity (KL and top-1 per unit: CV ≈ 1, as measured)
 KL_TOKENS_PER_DRAW = 4.0  # a unit's mean KL behaves like a mean over T/4 independent tokens
+# repeated-bigram share (1 − distinct-2) of an output of L tokens: mean REP_MAX·(1 − exp(−L/REP_SCALE)),
+# so ~0.06 at the default mix's ~27 tokens and ~0.4 at profile:longgen's ~320 (embedded default: distinct-2
+# 0.95 and 0.53); an item's own share Beta around it with concentration REP_KAPPA; fewer than 3 tokens
+# (2 words) have no bigram to count
+REP_MAX, REP_SCALE, REP_KAPPA, REP_JITTER = 0.5, 200.0, 20.0, 0.02
 
 
 # ---------------------------------------------------------------- one simulated compare
@@ -173,6 +182,9 @@ class Sim:
     base_loop: np.ndarray
     aa_loop: np.ndarray
     cand_loop: np.ndarray
+    base_rep: np.ndarray  # repeated-bigram share per unit (NaN: fewer than 2 words)
+    aa_rep: np.ndarray
+    cand_rep: np.ndarray
     kl_cand: np.ndarray
     kl_floor: np.ndarray
     top1_cand: np.ndarray
@@ -197,6 +209,13 @@ class Sim:
             RatePairs(name, b[:u], c[:u], cl, b[:u][aa], a[:u][aa], floor_cl)
             for name, b, a, c in (("truncation", self.base_trunc, self.aa_trunc, self.cand_trunc),
                                   ("loop", self.base_loop, self.aa_loop, self.cand_loop)))
+        b, c, a = self.base_rep[:u], self.cand_rep[:u], self.aa_rep[:u]
+        both = ~np.isnan(b) & ~np.isnan(c)
+        fl = aa & ~np.isnan(b) & ~np.isnan(a)
+        if both.sum() >= 2:  # compare/metrics.py: the pairs where both outputs have two words or more
+            floor = fl.sum() >= 2
+            rates += (RatePairs("repeated_bigrams", b[both], c[both], cl[both], b[fl] if floor else None,
+                                a[fl] if floor else None, cl[fl] if floor else None),)
         note = ("A/A floor: the second pass reproduced the first bit for bit, so the floor is 0"
                 if self.noise.deterministic else f"A/A floor measured on {u} pairs")
         out = GateInputs(
@@ -287,6 +306,21 @@ def simulate(rng: np.random.Generator, pool: int = DEFAULT_POOL, noise: Noise = 
         length = np.where(loops, float(MAX_TOKENS), np.minimum(length, MAX_TOKENS))
         return ok, length, length >= MAX_TOKENS, loops.astype(float)
 
+    rep_mean = lambda n: REP_MAX * (1.0 - np.exp(-n / REP_SCALE))  # noqa: E731
+    canon_rep = rng.beta(rep_mean(canon_len) * REP_KAPPA, (1 - rep_mean(canon_len)) * REP_KAPPA)
+
+    def repeated(before_cap: np.ndarray, loops: np.ndarray, drop: float = 0.0) -> np.ndarray:
+        """Each unit's repeated-bigram share: the item's own, moved with the output's length where it
+        diverged; a loop's tail (its canonical length up to max_tokens) repeats every bigram."""
+        own = np.minimum(before_cap, MAX_TOKENS)
+        moved = rep(canon_rep) + rep_mean(own) - rep_mean(np.minimum(rep(canon_len), MAX_TOKENS))
+        moved = np.where(own == np.minimum(rep(canon_len), MAX_TOKENS), rep(canon_rep),
+                         moved + _per_unit(rng, pool, R, det, lambda g, n: g.normal(0.0, REP_JITTER, n)))
+        r = np.clip(moved + drop, 0.0, 1.0)
+        r = np.where(loops, (r * own + (MAX_TOKENS - own)) / MAX_TOKENS, r)
+        final = np.where(loops, float(MAX_TOKENS), own)
+        return np.where(final < 3, np.nan, r)
+
     base_ok, base_len, base_lp = run()
     aa_ok, aa_len, aa_lp = run()
     cand_ok, cand_len, cand_lp = run(0.0 if effect.is_aa else effect.diverge)
@@ -297,6 +331,12 @@ def simulate(rng: np.random.Generator, pool: int = DEFAULT_POOL, noise: Noise = 
         cand_ok = cand_ok & ~rep(hurt)
     if effect.loop_rate:
         cand_lp = cand_lp | _per_unit(rng, pool, R, det, lambda g, n: g.random(n) < effect.loop_rate)
+    if effect.len_spread:  # each output × (1 + a) or × (1 − a), even odds: the mean kept (up to the cap)
+        a = effect.len_spread
+        cand_len = np.maximum(1.0, np.round(cand_len * _per_unit(
+            rng, pool, R, det, lambda g, n: np.where(g.random(n) < 0.5, 1.0 + a, 1.0 - a))))
+    base_rep, aa_rep = repeated(base_len, base_lp), repeated(aa_len, aa_lp)
+    cand_rep = repeated(cand_len, cand_lp, effect.d2_drop)
     base_ok, base_len, base_trunc, base_loop = finish(base_ok, base_len, base_lp)
     _, aa_len, aa_trunc, aa_loop = finish(aa_ok, aa_len, aa_lp)
     cand_ok, cand_len, cand_trunc, cand_loop = finish(cand_ok, cand_len, cand_lp)
@@ -338,8 +378,8 @@ def simulate(rng: np.random.Generator, pool: int = DEFAULT_POOL, noise: Noise = 
     top1_p = top1_nd + effect.top1_loss * fp8_sens
     top1_cand = 1.0 - disagree(top1_p, det) if top1_p.any() else np.ones(pool * R)
     return Sim(pool, R, noise, suite_of, clusters, in_aa, base_ok, cand_ok, base_len, aa_len, cand_len,
-               base_trunc, aa_trunc, cand_trunc, base_loop, aa_loop, cand_loop, kl_cand, kl_floor,
-               top1_cand, top1_floor, item_cluster)
+               base_trunc, aa_trunc, cand_trunc, base_loop, aa_loop, cand_loop, base_rep, aa_rep, cand_rep,
+               kl_cand, kl_floor, top1_cand, top1_floor, item_cluster)
 
 
 # ---------------------------------------------------------------- judging one simulated compare
@@ -550,16 +590,21 @@ BOUND_TEXT = {"accuracy_pooled": f"accuracy −{POLICY.accuracy_margin:g} (poole
 BROKEN_LABEL = "broken: KL ×10, accuracy −20, loops 30%"
 BROKEN = Effect(acc_drop=0.20, kl_excess=10 * POLICY.max_kl_excess, top1_loss=WORKING.top1_loss, loop_rate=0.30,
                 diverge=0.9)
+D2_LABEL = "distinct-2 −10 points on every output"
+SPREAD_LABEL = "lengths spread (each output ×1.7 or ×0.3, mean kept)"
 POWER = {  # one thing broken at a time, the rest a working config
     BROKEN_LABEL: BROKEN,
     f"KL excess 2× bound ({2 * POLICY.max_kl_excess:g})": dataclasses.replace(WORKING, kl_excess=2 * POLICY.max_kl_excess),
     f"top-1 loss 2× bound ({2 * POLICY.max_top1_loss:g})": dataclasses.replace(WORKING, top1_loss=2 * POLICY.max_top1_loss),
     "accuracy −15 points": dataclasses.replace(WORKING, acc_drop=0.15),
     "loops on 10% of outputs": dataclasses.replace(WORKING, loop_rate=0.10),
+    D2_LABEL: dataclasses.replace(WORKING, d2_drop=0.10),
+    SPREAD_LABEL: dataclasses.replace(WORKING, len_spread=0.7),
     "working fp8 (KL 0.005, top-1 0.02)": WORKING,
 }
 AT_TRUTH = dataclasses.replace(POLICY, accuracy_margin=1e-9, max_length_drift=1e-9, max_kl_excess=1e-9,
-                               max_top1_loss=1e-9, max_trunc_excess=1e-9, max_loop_excess=1e-9)
+                               max_top1_loss=1e-9, max_trunc_excess=1e-9, max_loop_excess=1e-9,
+                               max_distinct2_loss=1e-9, max_length_ks_excess=1e-9)
 AA_POOLS = {"det": (124, 500, 1000), "gpu": (124, 250, 500, 1000, 1500)}
 COST_POOLS = (124, 500, 1000)
 
@@ -768,7 +813,8 @@ Do not edit by hand: rerun the script. `--quick` (200 per cell) prints the same 
 
 The default `GatePolicy()`: α = {alpha}, accuracy margin δ = {P.accuracy_margin}, max KL excess
 {P.max_kl_excess}, max top-1 loss {P.max_top1_loss}, max length drift ±{P.max_length_drift:.0%}, truncation and loop
-excess ≤ {P.max_trunc_excess} (guards), mode "{P.mode}" (per-suite accuracy is a guard), {P.looks} looks.
+excess ≤ {P.max_trunc_excess}, distinct-2 loss ≤ {P.max_distinct2_loss}, length KS excess ≤ {P.max_length_ks_excess}
+(these four are guards), mode "{P.mode}" (per-suite accuracy is a guard), {P.looks} looks.
 **Fixed-n** is `GatePolicy(looks=1)` judging every item once; **sequential** is `looks={SEQ_LOOKS}`, replayed with
 `decide_sequence` over `look_sizes(pool, {SEQ_LOOKS})` (124 items: looks at {look_sizes(124, SEQ_LOOKS)}), each look
 testing at the Pocock nominal level α′ = {level:.4f}, the inputs at look k being the first sizes[k] items of a
@@ -784,8 +830,9 @@ suite, needles keeps 3 questions per shared document and kv_recall 4 per shared 
 `ctx:<doc>`; every other item is its own cluster `item:<suite>\\x00<id>`: 102 clusters at 124
 items). Three generation runs (baseline, A/A replicate on a random {AA_FRACTION:.0%} of items,
 candidate) and two teacher-forcing passes against the baseline's completion (candidate, A/A floor)
-give the gate every input the pipeline gives it: accuracy per suite, output lengths, truncation
-and loop rates with their A/A floor, per-unit mean KL and top-1 agreement with their floor,
+give the gate every input the pipeline gives it: accuracy per suite, output lengths (their ratio and
+their KS distance, each with the A/A floor), truncation and loop rates and each output's repeated-bigram
+share (1 − distinct-2) with their A/A floor, per-unit mean KL and top-1 agreement with their floor,
 token coverage (all pairs usable) and request counts (no failures).
 
 * Items: canonical answer right with the suite's bf16 accuracy on the embedded default
@@ -793,6 +840,10 @@ token coverage (all pairs usable) and request counts (no failures).
   suite's median ({", ".join(f"{s.median_len:g}" for s in SUITES)} tokens, σ = {LEN_SIGMA}; ~27 tokens
   per item as measured), capped at max_tokens = {MAX_TOKENS} (finish_reason = length).
   {DETERMINISTIC.loop_prone:.0%} of items are loop-prone: a run that loops emits {MAX_TOKENS} tokens.
+  An output of L tokens repeats a share {REP_MAX}·(1 − exp(−L/{REP_SCALE:g})) of its word bigrams on average
+  (distinct-2 ≈ 0.94 at the mix's ~27 tokens, ≈ 0.6 at profile:longgen's ~320), each item's own share
+  Beta-distributed around it (concentration {REP_KAPPA:g}); an output that diverged moves with its length
+  (± {REP_JITTER}); a loop's tail repeats every bigram; outputs under 3 tokens have none to count.
 * **(a) deterministic server** (the embedded default): two runs of one config are byte-identical,
   loops included; the second teacher-forcing pass reproduces the first, so the KL floor is 0 and
   the top-1 floor 1. A/A: no flips, no length change, candidate KL 0.
@@ -864,8 +915,8 @@ more, it is because each look tests at α′ = {level:.4f}, not α; it stops ear
     add("## 2. False FAIL under heavy nondeterminism, and with every fail test at its size\n")
     add("With the default bounds the A/A truth sits far inside every bound, so the tables above say little "
         "about the FAIL side. Two stress cells: heavy nondeterminism with the default policy, and GPU-like "
-        "and heavy noise with **every bound at the A/A truth** (δ, KL, top-1, length drift, truncation and "
-        "loop excess all 1e-9: not the default policy), so each of the ~12 fail tests rejects at its full "
+        "and heavy noise with **every bound at the A/A truth** (δ, KL, top-1, length drift, truncation, "
+        "loop, distinct-2 and length-KS excess all 1e-9: not the default policy), so each of the ~14 fail tests rejects at its full "
         "size and only Holm (at the Pocock level α′(α/j) per step when sequential) keeps the family at α.\n")
     rows = []
     for pool, cells in res["heavy"].items():
@@ -939,6 +990,14 @@ the sequential compare after {b_seq.mean("items")[0]:.0f} items on average. The 
 candidate that should PASS: it is held to the same accuracy evidence as the A/A compare, so its
 PASS rate at 124 items is as low as A/A's.
 """)
+    guards = []
+    for label, key in ((D2_LABEL, "distinct2_loss"), (SPREAD_LABEL, "length_ks_excess")):
+        fx, sq = res["power"][label][False], res["power"][label][True]
+        guards.append(f"*{label}*: `{key}` failed {_pct(fx.failed[key] / fx.sims)} of the fixed-n compares and "
+                      f"{_pct(sq.failed[key] / sq.sims)} of the sequential ones")
+    add("The two distribution guards on their own (docs/statistics.md, \"Free generation\"), each against a "
+        "candidate that changes only what it reads, the rest a working config: " + "; ".join(guards) + ". "
+        "Their floors rest on the A/A replicate's quarter of the items, whose SE dominates at 124 items.\n")
 
     # ---- 5. cost
     add("## 5. Items to a decided verdict: fixed-n beside sequential\n")

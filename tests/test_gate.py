@@ -229,6 +229,57 @@ def test_loop_guard_fails_runaway_loops_beyond_the_floor() -> None:
     assert c.status == "pass" and c.estimate == 0
 
 
+def test_length_shape_guard_fails_a_spread_the_mean_ratio_misses() -> None:
+    n = 400
+    base = RNG(3).lognormal(5, 0.3, n).round()
+    cand = base * np.where(np.arange(n) % 2 == 0, 1.7, 0.3)  # half run long, half cut short: mean kept
+    floor = LengthPairs(base[:100], base[:100])  # the A/A replicate reproduced the baseline
+    v = decide(GatePolicy(), GateInputs(lengths=LengthPairs(base, cand), lengths_floor=floor, coverage=NO_TF),
+               RNG(0))
+    c = _by_name(v)
+    assert 0.9 < c["length_ratio"].estimate < 1.1 and c["length_ratio"].status != "fail"
+    ks = c["length_ks_excess"]
+    assert ks.role == "guard" and ks.status == "fail" and v.verdict == "FAIL"
+    assert ks.estimate == pytest.approx(st.ks_two_sample(base, cand).statistic)  # floor 0: the KS distance itself
+    assert "A/A KS 0.000 over 100 pairs" in ks.detail
+
+
+def test_length_shape_guard_subtracts_the_aa_floor_and_passes_a_small_jitter() -> None:
+    n = 400
+    base = RNG(4).lognormal(5, 0.5, n).round()
+    jitter = (base * RNG(5).lognormal(0, 0.05, n)).round()
+    floor = LengthPairs(base[:100], jitter[:100])  # the replicate moves as much as the candidate
+    c = _by_name(decide(GatePolicy(), GateInputs(lengths=LengthPairs(base, jitter), lengths_floor=floor,
+                                                 coverage=NO_TF), RNG(0)))["length_ks_excess"]
+    d_ab, d_aa = st.ks_two_sample(base, jitter).statistic, st.ks_two_sample(base[:100], jitter[:100]).statistic
+    assert c.estimate == pytest.approx(d_ab - d_aa) and c.status == "pass"
+    one = decide(GatePolicy(), GateInputs(lengths=LengthPairs([5.0], [9.0]), coverage=NO_TF), RNG(0))
+    assert _by_name(one)["length_ks_excess"].status == "not_evaluated"
+
+
+def test_distinct2_guard_fails_outputs_that_repeat_themselves_beyond_the_floor() -> None:
+    n = 150
+    base = RNG(6).uniform(0.05, 0.3, n)  # repeated-bigram share = 1 − distinct-2
+    cand = np.minimum(base + 0.2, 1.0)  # distinct-2 down 20 points on every output
+    rp = RatePairs("repeated_bigrams", base, cand, None, base[:40], base[:40] + 0.01)
+    v = decide(GatePolicy(), GateInputs(rates=(rp,), coverage=NO_TF), RNG(0))
+    c = _by_name(v)["distinct2_loss"]
+    assert v.verdict == "FAIL" and c.status == "fail" and c.role == "guard"
+    assert c.estimate == pytest.approx((cand - base).mean() - 0.01)  # beyond the A/A floor's +0.01
+    assert f"distinct-2 base {1 - base.mean():.3f} → cand {1 - cand.mean():.3f}" in c.detail
+    same = RatePairs("repeated_bigrams", base, base, None, base[:40], base[:40])
+    c = _by_name(decide(GatePolicy(), GateInputs(rates=(same,), coverage=NO_TF), RNG(0)))["distinct2_loss"]
+    assert c.status == "pass" and c.estimate == 0
+
+
+def test_new_guard_bounds_are_validated() -> None:
+    pol = GatePolicy.from_mapping({"max_distinct2_loss": 0.1, "max_length_ks_excess": 0.2}, "kvqual.toml")
+    assert (pol.max_distinct2_loss, pol.max_length_ks_excess) == (0.1, 0.2)
+    for key in ("max_distinct2_loss", "max_length_ks_excess"):
+        with pytest.raises(ConfigError, match=key):
+            GatePolicy.from_mapping({key: 1.5}, "kvqual.toml")
+
+
 def test_missing_parts_are_not_evaluated_and_do_not_pass() -> None:
     v = decide(GatePolicy(), GateInputs(coverage=NO_TF), RNG(0))
     assert v.verdict == "INCONCLUSIVE"

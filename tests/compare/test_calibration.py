@@ -54,8 +54,10 @@ def test_simulator_builds_the_default_mix_with_its_clusters_and_floors() -> None
     assert set(needles.clusters) == {f"{CONTEXT_PREFIX}needles-doc0", f"{CONTEXT_PREFIX}needles-doc1"}
     assert all(str(c).startswith("item:arith\x00") for c in next(a for a in x.accuracy if a.suite == "arith").clusters)
     assert x.coverage.usable == x.coverage.pairs == 124
-    assert {r.name for r in x.rates} == {"truncation", "loop"}
+    assert {r.name for r in x.rates} == {"truncation", "loop", "repeated_bigrams"}
     assert all(0.1 < r.floor_base.size / 124 < 0.45 for r in x.rates)  # the A/A replicate: ~25% of items
+    bigrams = next(r for r in x.rates if r.name == "repeated_bigrams")  # outputs of 3+ tokens only
+    assert 100 <= bigrams.base.size < 124 and 0.03 < bigrams.base.mean() < 0.12  # distinct-2 ≈ 0.94, as measured
     assert x.tokens.kl_floor.mean() > 0 and x.tokens.top1_floor.mean() < 1  # a measured, nonzero floor
     assert calibrate.suite_sizes(500) == [32, 24, 97, 65, 161, 121] and sum(calibrate.suite_sizes(1000)) == 1000
     # the noise model: ~23% byte-identical outputs, ~7% of items flip between two A/A runs
@@ -82,7 +84,7 @@ def test_aa_false_fail_within_alpha_under_gpu_noise_with_sequential_looks() -> N
 
 
 def test_fail_tests_at_their_size_keep_the_family_at_alpha() -> None:
-    """Every bound on the A/A truth, so each of the ~12 fail tests rejects at its full size:
+    """Every bound on the A/A truth, so each of the ~14 fail tests rejects at its full size:
     only Holm keeps the false-FAIL rate ≤ α (one look; the sequential FAIL side is the test above)."""
     sims = 500
     c = _verdicts(102, sims, calibrate.GPU, sequential=False, policy=calibrate.AT_TRUTH)
@@ -116,6 +118,20 @@ def test_broken_candidate_fails_at_the_first_look() -> None:
         assert seq.verdicts["FAIL"] >= 0.9 * sims and fixed.verdicts["FAIL"] >= 0.9 * sims, (seq.verdicts, fixed.verdicts)
         assert seq.verdicts["PASS"] == 0 and fixed.verdicts["PASS"] == 0
         assert np.mean(seq.items) < 0.4 * 124  # mostly decided on the first 31 items
+
+
+def test_the_distribution_guards_fail_what_they_read_and_only_that() -> None:
+    """A candidate that only loses distinct-2, and one that only spreads its lengths (mean kept), on a
+    deterministic server (floor 0): each fails on its own guard; the working config fails on neither.
+    The spread (KS distance ≈ 0.17 against a bound of 0.10) needs more than 124 items: 1,000 here."""
+    sims = 60
+    d2 = _verdicts(108, sims, calibrate.DETERMINISTIC, calibrate.POWER[calibrate.D2_LABEL], sequential=True)
+    assert d2.failed["distinct2_loss"] >= 0.9 * sims and d2.failed["length_ks_excess"] == 0, d2.failed
+    spread = _verdicts(109, sims, calibrate.DETERMINISTIC, calibrate.POWER[calibrate.SPREAD_LABEL], sequential=True,
+                       pool=1000)
+    assert spread.failed["length_ks_excess"] >= 0.3 * sims and spread.failed["distinct2_loss"] == 0, spread.failed
+    working = _verdicts(110, sims, calibrate.DETERMINISTIC, calibrate.WORKING, sequential=True)
+    assert working.failed["distinct2_loss"] == working.failed["length_ks_excess"] == 0, working.failed
 
 
 def test_aa_on_a_deterministic_server_passes_sequentially_at_124_items() -> None:

@@ -178,6 +178,34 @@ def test_hodges_lehmann_matches_brute_force_walsh_averages(seed: int, ints: bool
     assert (hl.low, hl.high) == pytest.approx((w[k - 1], w[m - k]))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_ks_gap_is_scipys_statistic_with_the_delta_method_se_at_its_maximiser(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(1, 60, 150).astype(float)
+    cand = base.copy()
+    moved = rng.random(150) < 0.4
+    cand[moved] = rng.integers(1, 120, int(moved.sum()))
+    d, se, t = st.ks_gap(base, cand)
+    assert d == pytest.approx(stats.ks_2samp(base, cand).statistic)
+    z = (base <= t).astype(float) - (cand <= t).astype(float)
+    assert abs(z.mean()) == pytest.approx(d)  # the gap at t* is the KS distance
+    assert se == pytest.approx(z.std(ddof=1) / math.sqrt(z.size))  # plain SE of the mean of z
+    clusters = np.repeat(np.arange(75), 2).astype(str)  # two units per cluster: CR1 SE of z's mean
+    _, se_c, _ = st.ks_gap(base, cand, clusters)
+    sums = np.bincount(np.repeat(np.arange(75), 2), weights=z - z.mean())
+    assert se_c == pytest.approx(math.sqrt(75 / 74 * np.sum(sums**2) / 150**2))
+
+
+def test_ks_gap_of_identical_arms_is_zero_and_hand_computed_on_a_small_case() -> None:
+    x = np.array([10.0, 20.0, 30.0, 40.0])
+    assert st.ks_gap(x, x)[:2] == (0.0, 0.0)
+    d, se, t = st.ks_gap(x, np.array([10.0, 20.0, 300.0, 400.0]))  # F_base(40) = 1, F_cand(40) = 0.5
+    assert (d, t) == (0.5, 40.0)  # the gap is 0.25 at 30, 0.5 at 40, shrinking after
+    assert se == pytest.approx(np.std([0, 0, 1, 1], ddof=1) / 2)  # z = 1[base ≤ 40] − 1[cand ≤ 40]: 0, 0, 1, 1
+    with pytest.raises(ValueError):
+        st.ks_gap(x, x[:3])
+
+
 def test_hodges_lehmann_textbook_shift() -> None:
     # differences symmetric about 3 → HL estimate exactly 3
     assert st.hodges_lehmann([1.0, 2.0, 3.0, 4.0, 5.0]).estimate == 3.0

@@ -25,6 +25,7 @@ from kvqual.gate.criteria import CONTEXT_PREFIX
 from kvqual.records import Sample
 
 Key = tuple[str, str, int]
+Diversity = tuple[Mapping[Key, float | None], Mapping[Key, float | None], Mapping[Key, float | None]]  # distinct-2 by arm
 OVERALL = "overall"
 
 
@@ -397,10 +398,12 @@ def token_evidence(base: Arm, cand: Arm, again: Forcing | None, keys: list[Key])
 def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None,
                 keys: list[Key], teacher_forcing: bool = True,
                 loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None,
-                evidence: TokenEvidence | None = None) -> GateInputs:
+                evidence: TokenEvidence | None = None, diversity: Diversity | None = None) -> GateInputs:
     """The gate's inputs over `keys` (every unit judged at one look): paired by key, clustered by
-    item. `evidence`: the teacher-forced comparisons over all keys, where the caller has them."""
+    item. `evidence`: the teacher-forced comparisons over all keys, `loops` and `diversity` each
+    arm's loop flags and distinct-2 by key, where the caller has them."""
     loops = loops or (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
+    diversity = diversity or diversities(base, cand, aa)
     suites = sorted({k[0] for k in keys})
     ab_all, _ = _pairs(base.samples, cand.samples, keys)
     aa_keys = [k for k in keys if aa is not None and k in aa.samples]
@@ -425,6 +428,9 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
                 [event(a, lb) for a, _ in aa_all] if len(aa_all) >= 2 else None,
                 [event(b, la) for _, b in aa_all] if len(aa_all) >= 2 else None,
                 _clusters([a for a, _ in aa_all]) if len(aa_all) >= 2 else None))
+        bigrams = _repeated_bigrams(ab_all, aa_all, diversity)
+        if bigrams is not None:
+            rates.append(bigrams)
     tokens, coverage, cache = None, TokenCoverage(requested=False), None
     if teacher_forcing:
         pair_keys = [a.key for a, _ in ab_all]
@@ -438,6 +444,35 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
                                     sum(1 for k in keys if k in base.samples)),
         cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys)),
     )
+
+
+def diversities(base: Arm, cand: Arm, aa: Arm | None) -> Diversity:
+    """Each arm's distinct-2 by key (`distinct2`), the outputs the arms share computed once."""
+    memo: dict[str, float | None] = {}
+    return (distinct2(base.samples, memo), distinct2(cand.samples, memo),
+            distinct2(aa.samples, memo) if aa is not None else {})
+
+
+def _repeated_bigrams(ab: list[tuple[Sample, Sample]], aa: list[tuple[Sample, Sample]],
+                      diversity: Diversity) -> RatePairs | None:
+    """The `distinct2_loss` guard's inputs: per pair, 1 − distinct-2 of each output (the share of
+    its word bigrams that repeat one before), over the pairs where both outputs have two words or
+    more; the floor likewise between the baseline and its A/A replicate. None with fewer than 2."""
+    db, dc, da = diversity
+
+    def shares(pairs: list[tuple[Sample, Sample]], first: Mapping[Key, float | None],
+               second: Mapping[Key, float | None]) -> tuple[list[float], list[float], list[Sample]]:
+        kept = [(a, first.get(a.key), second.get(b.key)) for a, b in pairs]
+        kept = [(a, x, y) for a, x, y in kept if x is not None and y is not None]
+        return [1 - x for _, x, _ in kept], [1 - y for _, _, y in kept], [a for a, _, _ in kept]
+
+    base, cand, units = shares(ab, db, dc)
+    if len(units) < 2:
+        return None
+    fb, fa, funits = shares(aa, db, da)
+    floor = len(funits) >= 2
+    return RatePairs("repeated_bigrams", base, cand, _clusters(units), fb if floor else None, fa if floor else None,
+                     _clusters(funits) if floor else None)
 
 
 def _unpaired_reason(ref: Forcing, other: Forcing, k: Key) -> str:
@@ -499,7 +534,8 @@ class Built(NamedTuple):
 
 
 def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None, teacher_forcing: bool = True,
-          loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None) -> Built:
+          loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None,
+          diversity: Diversity | None = None) -> Built:
     """Everything the report says about the pairs, each piece computed once (`Built`)."""
     keys = sorted(base.samples)
     suites = sorted({k[0] for k in keys})
@@ -511,10 +547,8 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
     div_ab = divergences(ab_all, base.tokens, cand.tokens)
     aa_all, _ = _pairs(base.samples, aa.samples, [k for k in keys if k in aa.samples]) if aa is not None else ([], 0)
     div_aa = divergences(aa_all, base.tokens, aa.tokens) if aa is not None else {}
-    memo: dict[str, float | None] = {}
-    d2_base, d2_cand = distinct2(base.samples, memo), distinct2(cand.samples, memo)
-    d2_aa = distinct2(aa.samples, memo) if aa is not None else {}
-    del memo
+    diversity = diversity or diversities(base, cand, aa)
+    d2_base, d2_cand, d2_aa = diversity
     sections: dict[str, Any] = {}
     for suite in suites + [OVERALL]:
         sk = [k for k in keys if suite == OVERALL or k[0] == suite]
@@ -538,7 +572,7 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
                 "aa_failed": sum(1 for k in aak if not aa.samples[k].ok) if aa is not None else None,
                 "pairs": len(ab), "dropped_pairs": dropped},
         }
-    inputs = gate_inputs(base, cand, aa, base_forced_again, keys, teacher_forcing, loops, evidence)
+    inputs = gate_inputs(base, cand, aa, base_forced_again, keys, teacher_forcing, loops, evidence, diversity)
     evidence = evidence if teacher_forcing else None
     plots = {
         "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],

@@ -161,7 +161,8 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     arm_a = mx.Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_dir and aa_s is not None else None
     again = forcing_from(teacher_file(base_dir, bm.run_id, True), forced_b2) if forced_b2 else None
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
-    built = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops)
+    diversity = mx.diversities(arm_b, arm_c, arm_a)
+    built = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops, diversity)
     sections, inputs, plots, evidence = built.sections, built.inputs, built.plots, built.evidence
     if teacher_forcing and refused:
         inputs = _refused_coverage(inputs, tf_note or "")
@@ -172,7 +173,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         items_n = set(order[:n])
         keys = sorted(k for k in base_s if (k[0], k[1]) in items_n)
         look = inputs if n == sizes[-1] else mx.gate_inputs(arm_b, arm_c, arm_a, again, keys, teacher_forcing, loops,
-                                                             evidence)
+                                                             evidence, diversity)
         if teacher_forcing and refused and n != sizes[-1]:
             look = _refused_coverage(look, tf_note or "")
         if steady is not None:

@@ -22,7 +22,7 @@ __all__ = [
     "paired_counts", "mcnemar_exact_p", "tango_ci", "tango_z", "newcombe_ci",
     "paired_noninferiority", "mean_ci", "paired_mean_diff", "paired_bootstrap_ci",
     "sample_size", "n_more_to_decide", "hall_transform", "hall_inverse", "cluster_skewness", "ratio_of_means_ci", "wilcoxon_signed_rank",
-    "hodges_lehmann", "ks_two_sample", "holm_adjust", "wilson_ci", "clopper_pearson_ci",
+    "hodges_lehmann", "ks_two_sample", "ks_gap", "Estimate", "fieller_ratio_ci", "fieller_t", "holm_adjust", "wilson_ci", "clopper_pearson_ci",
 ]
 
 
@@ -493,6 +493,104 @@ def ks_two_sample(base: ArrayLike, cand: ArrayLike) -> TestResult:
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ks_2samp(np.asarray(base, dtype=float), np.asarray(cand, dtype=float))
     return TestResult(float(res.statistic), float(res.pvalue))
+
+
+def ks_gap(base: ArrayLike, cand: ArrayLike, clusters: ArrayLike | None = None) -> tuple[float, float, float]:
+    """Two-sample KS distance D = sup_t |F_cand(t) − F_base(t)| of paired samples, with its SE by the
+    delta method at the maximiser: at t*, the gap is the mean over units of
+    z = 1[base ≤ t*] − 1[cand ≤ t*], whose (cluster-robust) SE is the SE of D when t* is unique.
+    Returns (D, SE, t*); the SE is 0 when every z is the same (e.g. identical arms)."""
+    x, y = np.asarray(base, dtype=float), np.asarray(cand, dtype=float)
+    if x.shape != y.shape or x.size < 2:
+        raise ValueError("ks_gap needs two paired arrays of at least 2 values")
+    grid = np.unique(np.concatenate([x, y]))
+    gap = (np.searchsorted(np.sort(x), grid, side="right") - np.searchsorted(np.sort(y), grid, side="right"))
+    i = int(np.argmax(np.abs(gap)))
+    t_star = float(grid[i])
+    z = (x <= t_star).astype(float) - (y <= t_star).astype(float)
+    d = abs(float(z.mean()))
+    if np.all(z == z[0]):
+        return d, 0.0, t_star
+    g = _as_clusters(clusters, x.size)
+    if int(g.max()) + 1 < 2:
+        return d, 0.0, t_star
+    return d, mean_ci(z, clusters).se, t_star
+
+
+# ---------------------------------------------------------------- ratio of two independent means (Fieller)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean with its two-sided t interval at `level`; `low`/`high` None when it has none
+    (fewer than two batches, or a ratio whose denominator is not shown to be above zero)."""
+
+    estimate: float
+    low: float | None
+    high: float | None
+    level: float
+    df: float | None
+    n: int
+
+    def to_json(self, digits: int = 4) -> dict[str, float | int | None]:
+        r = lambda x: None if x is None or not math.isfinite(x) else round(x, digits)  # noqa: E731
+        return {"estimate": r(self.estimate), "low": r(self.low), "high": r(self.high), "level": self.level,
+                "df": r(self.df), "n": self.n}
+
+
+def fieller_ratio_ci(baseline: ArrayLike, candidate: ArrayLike, level: float = 0.95) -> Estimate:
+    """mean(candidate) / mean(baseline) for independent samples (batch means of two arms) with
+    Fieller's interval: the R with (ȳ − R·x̄)² ≤ t² (v_y + R² v_x), v the variances of the means,
+    t on Welch–Satterthwaite degrees of freedom of ȳ − R̂·x̄. Unlike the delta method it is
+    exact under normality and asymmetric, as a ratio's uncertainty is; when x̄ is not shown to be
+    above zero (x̄² ≤ t² v_x) the set is unbounded and `low`/`high` are None."""
+    x, y = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
+    nx, ny = int(x.size), int(y.size)
+    if nx == 0 or ny == 0 or x.mean() == 0:
+        return Estimate(math.nan, None, None, level, None, min(nx, ny))
+    mx, my = float(x.mean()), float(y.mean())
+    ratio = my / mx
+    if nx < 2 or ny < 2:
+        return Estimate(ratio, None, None, level, None, min(nx, ny))
+    vx, vy, df = _fieller_moments(x, y, ratio)
+    if df is None:  # both arms perfectly steady: the ratio is known
+        return Estimate(ratio, ratio, ratio, level, None, min(nx, ny))
+    t = float(stats.t.ppf((1 + level) / 2, df))
+    a = mx**2 - t**2 * vx  # R² a − 2 R x̄ȳ + (ȳ² − t² v_y) ≤ 0
+    if a <= 0:
+        return Estimate(ratio, None, None, level, df, min(nx, ny))
+    disc = t**2 * (mx**2 * vy + my**2 * vx - t**2 * vx * vy)
+    root = math.sqrt(max(disc, 0.0))
+    return Estimate(ratio, (mx * my - root) / a, (mx * my + root) / a, level, df, min(nx, ny))
+
+
+def _fieller_moments(x: np.ndarray, y: np.ndarray, ratio: float) -> tuple[float, float, float | None]:
+    """v_x, v_y (the variances of the two means) and the Welch–Satterthwaite degrees of freedom of
+    ȳ − R̂·x̄ at the estimate R̂; df None when both arms are perfectly steady (no variance)."""
+    nx, ny = int(x.size), int(y.size)
+    vx, vy = float(x.var(ddof=1)) / nx, float(y.var(ddof=1)) / ny
+    var = vy + ratio**2 * vx
+    if var == 0:
+        return vx, vy, None
+    return vx, vy, var**2 / (vy**2 / (ny - 1) + (ratio**2 * vx) ** 2 / (nx - 1))
+
+
+def fieller_t(baseline: ArrayLike, candidate: ArrayLike, r0: float) -> tuple[float, float | None]:
+    """Fieller's statistic for the ratio mean(candidate) / mean(baseline) = r0, and its degrees of
+    freedom: T = (ȳ − r0·x̄) / √(v_y + r0²·v_x) on the df `fieller_ratio_ci` uses (Welch–Satterthwaite
+    at the estimate). It is the test that interval inverts: with positive means, r0 is below the
+    interval's lower bound at level 1 − 2q exactly when T > t_{1−q}(df), above its upper bound
+    exactly when T < −t_{1−q}(df). Needs at least two values in each arm; T is ±inf (df None)
+    when neither arm varies."""
+    x, y = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
+    if x.size < 2 or y.size < 2 or x.mean() == 0:
+        raise ValueError("fieller_t needs two values in each arm and a baseline mean other than 0")
+    mx, my = float(x.mean()), float(y.mean())
+    vx, vy, df = _fieller_moments(x, y, my / mx)
+    diff, var = my - r0 * mx, vy + r0**2 * vx
+    if var == 0:
+        return (0.0 if diff == 0 else math.copysign(math.inf, diff)), df
+    return diff / math.sqrt(var), df
 
 
 # ---------------------------------------------------------------- multiplicity, rates

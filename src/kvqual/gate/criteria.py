@@ -21,7 +21,6 @@ from kvqual.compare import stats as st
 from kvqual.gate.inputs import (AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, SteadySpeed,
                                 TokenCoverage, TokenPairs, n_clusters)
 from kvqual.gate.policy import GatePolicy
-from kvqual.load import stats as load_stats
 
 Status = Literal["pass", "fail", "inconclusive", "not_evaluated"]
 Direction = Literal["at_least", "at_most", "within"]
@@ -295,7 +294,7 @@ def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
     between the A/A replicate and the baseline (the floor). excess = mean(cand − base) −
     mean(aa − base); SE² = SE₁² + SE₂² (the two means share units, whose positive covariance this
     ignores: conservative). FAIL only when shown above the bound."""
-    name = f"{rp.name}_excess"
+    name = RATE_CRITERIA.get(rp.name, f"{rp.name}_excess")
     g, unit = _unit(rp.clusters, rp.base.size)
     if g < 2:
         return not_evaluated(name, "at_most", None, bound, "fewer than 2 independent pairs", role="guard")
@@ -311,7 +310,37 @@ def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
         if np.any(f != f[0]):
             var += st.mean_ci(f, fc).se ** 2
         floor_txt = f"A/A floor {f.mean():+.3f} over {rp.floor_base.size} pairs"
-    detail = f"rate base {rp.base.mean():.1%} → cand {rp.cand.mean():.1%}; {floor_txt}"
+    if rp.name == "repeated_bigrams":  # the values are 1 − distinct-2: say it in distinct-2
+        detail = f"distinct-2 base {1 - rp.base.mean():.3f} → cand {1 - rp.cand.mean():.3f}; {floor_txt}"
+    else:
+        detail = f"rate base {rp.base.mean():.1%} → cand {rp.cand.mean():.1%}; {floor_txt}"
+    return one_sided(name, None, "at_most", bound, est, math.sqrt(var), g - 1, g, level, detail, m, "guard", unit)
+
+
+RATE_CRITERIA = {"truncation": "truncation_excess", "loop": "loop_excess", "repeated_bigrams": "distinct2_loss"}
+
+
+def length_ks(lp: LengthPairs, floor: LengthPairs | None, bound: float, level: float, m: int) -> Criterion:
+    """Guard: the two-sample KS distance between the arms' output-length distributions, beyond the
+    same distance between the baseline and its A/A replicate on the items the replicate covers: the
+    shape change a ratio of means misses (some outputs run away while others shrink). Each distance's
+    SE by the delta method at its maximiser (`stats.ks_gap`); SE² = SE₁² + SE₂² as in `rate_excess`.
+    FAIL only when shown above the bound. docs/statistics.md, "Free generation"."""
+    name = "length_ks_excess"
+    g, unit = _unit(lp.clusters, lp.base.size)
+    if g < 2:
+        return not_evaluated(name, "at_most", None, bound, "fewer than 2 independent pairs", role="guard")
+    clusters = None if lp.clusters is None else lp.clusters.astype(str)
+    d, se, t = st.ks_gap(lp.base, lp.cand, clusters)
+    est, var = d, se ** 2
+    floor_txt = "no A/A replicate: floor taken as 0"
+    if floor is not None and floor.base.size >= 2:
+        fc = None if floor.clusters is None else floor.clusters.astype(str)
+        fd, fse, ft = st.ks_gap(floor.base, floor.cand, fc)
+        est -= fd
+        var += fse ** 2
+        floor_txt = f"A/A KS {fd:.3f} over {floor.base.size} pairs (largest at {ft:.0f} tokens)"
+    detail = f"KS distance {d:.3f} over {lp.base.size} pairs (largest at {t:.0f} tokens); {floor_txt}"
     return one_sided(name, None, "at_most", bound, est, math.sqrt(var), g - 1, g, level, detail, m, "guard", unit)
 
 
@@ -442,7 +471,7 @@ def speedup(base: np.ndarray, cand: np.ndarray, policy: GatePolicy, level: float
 
 def steady_speedup(s: SteadySpeed, policy: GatePolicy, level: float, m: int) -> Criterion:
     """The throughput ratio cand/base at saturation, from a `kvqual load` session (`--speed-from`),
-    judged with the load's own statistics (load/stats.py): Fieller's interval on the two arms' batch
+    judged with the load's own statistics (`stats.fieller_ratio_ci`, as load/ uses): Fieller's interval on the two arms' batch
     means at 1 − 2·level, and the test it inverts, T = (ȳ − r0·x̄) / √(v_y + r0²·v_x) on the same
     Welch–Satterthwaite df, of H0: ratio ≤ min_speedup. Each arm's batches are its units. The evidence
     is the same at every look (not per item), so more items never decide it: no n_more."""
@@ -455,7 +484,7 @@ def steady_speedup(s: SteadySpeed, policy: GatePolicy, level: float, m: int) -> 
         return Criterion("speedup", None, status, "at_least", bound, None, est, n=n, role="primary", unit="batches",
                          detail=detail + "; an arm has fewer than 2 batches: no interval (run kvqual load longer)",
                          level=None if bound is None else level)
-    ci = load_stats.fieller_ratio_ci(b, c, 1 - 2 * level)
+    ci = st.fieller_ratio_ci(b, c, 1 - 2 * level)
     detail += (f"; Fieller on {b.size} + {c.size} batch means, {ci.df:.1f} df" if ci.df is not None else
                "; neither arm's batches vary") + "; the same evidence at every look"
     if bound is None:
@@ -465,7 +494,7 @@ def steady_speedup(s: SteadySpeed, policy: GatePolicy, level: float, m: int) -> 
         return Criterion("speedup", None, "inconclusive", "at_least", bound, None, ci.estimate, None, None, ci.level,
                          n=n, detail=detail + "; the baseline's throughput is not shown above zero: no interval",
                          unit="batches", level=level)
-    t, df = load_stats.fieller_t(b, c, bound)
+    t, df = st.fieller_t(b, c, bound)
     df = math.inf if df is None else df  # no variance: T is ±inf (or 0 on the bound), decided either way
     return Criterion("speedup", None, "inconclusive", "at_least", bound, None, ci.estimate, ci.low, ci.high, ci.level,
                      _cdf(-t, df), _cdf(t, df), None, n, None, detail, "primary", "batches", level)

@@ -68,8 +68,9 @@ class LengthPairs:
 
 @dataclass(frozen=True)
 class RatePairs:
-    """A per-unit event (truncated, looping) in the baseline and candidate on every pair, and in
-    the baseline and its A/A replicate on the pairs the replicate covers (the floor)."""
+    """A per-unit event (truncated, looping: 0 or 1) or share (repeated bigrams: 1 − distinct-2 of
+    the output) in the baseline and candidate on every pair, and in the baseline and its A/A
+    replicate on the pairs the replicate covers (the floor). Higher is worse."""
 
     name: str
     base: np.ndarray
@@ -170,7 +171,7 @@ class GateInputs:
     lengths_floor: LengthPairs | None = None  # baseline replicate vs baseline: reported
     tokens: TokenPairs | None = None
     coverage: TokenCoverage | None = None  # None: not told (treated as requested and complete)
-    rates: tuple[RatePairs, ...] = ()  # truncation, repetition loops
+    rates: tuple[RatePairs, ...] = ()  # truncation, repetition loops, repeated bigrams (distinct-2)
     base_requests: RequestCounts | None = None
     cand_requests: RequestCounts | None = None
     base_throughput: np.ndarray | None = None  # per-request tokens/s

@@ -28,6 +28,8 @@ class GatePolicy:
     max_top1_loss: float = 0.042  # same-top-1 agreement may drop 4.2 points below the A/A floor (derive_bounds.py)
     max_trunc_excess: float = 0.05  # truncation (finish_reason=length) rate beyond the A/A floor (guard)
     max_loop_excess: float = 0.05  # repetition-loop rate beyond the A/A floor (guard)
+    max_distinct2_loss: float = 0.05  # mean distinct-2 of the outputs may drop 5 points beyond the A/A floor (guard)
+    max_length_ks_excess: float = 0.10  # KS distance of the length distributions beyond the A/A floor (guard)
     max_cache_kl_excess: float = 0.012  # warm minus cold KL within a shared context, nats/token (docs/cache.md)
     max_failed_rate: float = 0.01  # share of failed requests per arm
     min_token_coverage: float = 0.8  # teacher forcing on: share of pairs whose token metrics must be usable
@@ -57,6 +59,8 @@ _RANGES: Mapping[str, tuple[float, float, str]] = {
     "max_top1_loss": (0.0, 1.0, "between 0 and 1 (exclusive)"),
     "max_trunc_excess": (0.0, 1.0, "between 0 and 1 (exclusive)"),
     "max_loop_excess": (0.0, 1.0, "between 0 and 1 (exclusive)"),
+    "max_distinct2_loss": (0.0, 1.0, "between 0 and 1 (exclusive)"),
+    "max_length_ks_excess": (0.0, 1.0, "between 0 and 1 (exclusive)"),
     "max_cache_kl_excess": (0.0, math.inf, "positive"),
     "max_failed_rate": (0.0, 1.0, "between 0 and 1 (exclusive)"),
     "min_token_coverage": (0.0, 1.0 + 1e-12, "above 0 and at most 1"),

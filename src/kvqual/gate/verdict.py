@@ -72,7 +72,7 @@ def _finite(obj: Any) -> Any:
 def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.Generator) -> list[Criterion]:
     """Every criterion before multiplicity adjustment, at one-sided `level`."""
     guard_or_primary = "primary" if policy.mode == "strict" else "guard"
-    m = len(inputs.accuracy) + 7  # family size estimate for n_more on the fail side
+    m = len(inputs.accuracy) + 9  # family size estimate for n_more on the fail side
     out: list[Criterion] = []
     for arm, counts in (("baseline", inputs.base_requests), ("candidate", inputs.cand_requests)):
         out.append(cr.failed(arm, counts, policy, level) if counts is not None else cr.not_evaluated(
@@ -83,7 +83,10 @@ def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.G
     out.append(cr.lengths(inputs.lengths, inputs.lengths_floor, policy, level, m) if inputs.lengths is not None
                else cr.not_evaluated("length_ratio", "within", 1 - policy.max_length_drift,
                                      1 + policy.max_length_drift, "no paired lengths"))
-    bounds = {"truncation": policy.max_trunc_excess, "loop": policy.max_loop_excess}
+    if inputs.lengths is not None:
+        out.append(cr.length_ks(inputs.lengths, inputs.lengths_floor, policy.max_length_ks_excess, level, m))
+    bounds = {"truncation": policy.max_trunc_excess, "loop": policy.max_loop_excess,
+              "repeated_bigrams": policy.max_distinct2_loss}
     out.extend(cr.rate_excess(rp, bounds[rp.name], level, m) for rp in inputs.rates)
     if inputs.cache is not None:
         out.append(cr.cache_path(inputs.cache, policy, level, m))

@@ -12,7 +12,8 @@ from kvqual.report.summary import (CRITERION_LABEL, MISSING, fmt_bound, fmt_quan
 _SHORT_LABEL = {
     "accuracy": "accuracy", "accuracy_pooled": "accuracy over all suites", "kl_excess": "KL beyond the A/A floor",
     "top1_loss": "same-top-1 loss", "length_ratio": "the output length ratio", "truncation_excess": "the truncation rate",
-    "loop_excess": "the repetition-loop rate", "failed_rate_baseline": "the baseline's failed-request rate",
+    "loop_excess": "the repetition-loop rate", "distinct2_loss": "the outputs' distinct-2 diversity",
+    "length_ks_excess": "the shape of the length distribution", "failed_rate_baseline": "the baseline's failed-request rate",
     "failed_rate_candidate": "the candidate's failed-request rate", "speedup": "the throughput ratio",
     "cache_path": "the cache path (warm against cold)",
 }
@@ -23,6 +24,9 @@ _FAIL_HINT = {
     "length_ratio": "its outputs changed length, so look for runaway or cut-off outputs among the samples below",
     "truncation_excess": "more of its outputs ran to max_tokens, so look for runaway outputs among the samples below",
     "loop_excess": "more of its outputs loop, so look for repetition among the samples below",
+    "distinct2_loss": "its outputs repeat themselves more, so look for repeated phrases among the samples below",
+    "length_ks_excess": "its output lengths are distributed differently (some longer, some shorter), so compare "
+                        "the length distributions in report.html and look for runaway or cut-off outputs",
     "failed_rate": "requests failed, so read that server's log and run again",
     "speedup": "it is not as much faster as min_speedup asks",
     "cache_path": "answers served from its prefix cache differ from the same prompts computed fresh, so check "
@@ -59,7 +63,7 @@ class Decision:
 
 def _hint(name: str) -> str:
     for key in ("kl_excess", "top1_loss", "accuracy", "length_ratio", "truncation_excess", "loop_excess",
-                "failed_rate", "speedup", "cache_path"):
+                "distinct2_loss", "length_ks_excess", "failed_rate", "speedup", "cache_path"):
         if name.startswith(key):
             return _FAIL_HINT["kl_excess" if key == "top1_loss" else key]
     return "read the criteria and samples below"

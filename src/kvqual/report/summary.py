@@ -25,6 +25,8 @@ CRITERION_LABEL = {
     "accuracy_pooled": "accuracy difference, all suites (stratified)",
     "truncation_excess": "truncation rate beyond A/A floor",
     "loop_excess": "repetition-loop rate beyond A/A floor",
+    "distinct2_loss": "distinct-2 diversity lost beyond A/A floor",
+    "length_ks_excess": "length-distribution KS distance beyond A/A floor",
     "length_ratio": "output length ratio (cand / base)",
     "kl_excess": "mean KL beyond A/A floor",
     "top1_loss": "same-top-1 loss beyond A/A floor",
@@ -165,6 +167,7 @@ def fmt_num(value: Any) -> str:
 Quantity = Literal["points", "percent", "nats", "ratio"]
 _QUANTITY: Mapping[str, Quantity] = {
     "accuracy": "points", "accuracy_pooled": "points", "truncation_excess": "points", "loop_excess": "points",
+    "distinct2_loss": "points", "length_ks_excess": "points",
     "top1_loss": "points", "kl_excess": "nats", "length_ratio": "ratio", "speedup": "ratio", "cache_path": "nats",
 }
 _SCALE: Mapping[str, float] = {"points": 100.0, "percent": 100.0, "nats": 1.0, "ratio": 1.0}
