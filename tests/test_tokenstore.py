@@ -43,6 +43,28 @@ def test_rows_round_trip_exactly(tmp_path, lp) -> None:
     assert without_top.top_logprobs == ()
 
 
+def test_rows_hold_the_float32_values_pyarrow_makes_of_python_floats_and_keep_nulls() -> None:
+    """The row converts the logprobs to float64 and narrows the top-k to float32: the same values as
+    converting the Python floats to float32 directly (rounded to nearest; beyond float32's range an
+    infinity), a null a null, never NaN."""
+    import random
+
+    import pyarrow as pa
+
+    rng = random.Random(15)
+    values = [rng.uniform(-30.0, 0.0) for _ in range(300)] + [-1e300, -9999.0, 0.0, -1e-50, -3.4028235677973366e38]
+    tops = tuple({f"w{i}": v, "x": v - 1.0} for i, v in enumerate(values))
+    lp = TokenLogprobs(tokens=tuple(f"w{i}" for i in range(len(values))), token_logprobs=tuple(values),
+                       top_logprobs=tops, text_offset=tuple(range(len(values))))
+    row = tokenstore.row_batch(("s", "1", 0), lp)
+    assert row.column("top_logprobs").to_pylist() == [[pa.array(list(t.values()), type=pa.float32()).to_pylist()
+                                                      for t in tops]]
+    assert row.column("token_logprobs").to_pylist() == [values]
+    echo = tokenstore.row_batch(("s", "2", 0), ECHO)
+    assert echo.column("top_logprobs").to_pylist() == [[[], [None, -1.0]]]
+    assert echo.column("token_logprobs").to_pylist() == [[None, -0.5]]
+
+
 def test_closed_files_are_rewritten_in_large_batches(tmp_path) -> None:
     import pyarrow as pa
 

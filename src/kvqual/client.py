@@ -23,8 +23,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from itertools import chain
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import httpx
 import orjson
@@ -269,14 +268,13 @@ def _is_number(value: Any) -> bool:
 
 _NUMBER_TYPES = frozenset((int, float))
 _not_none = functools.partial(operator.is_not, None)
-_values = operator.methodcaller("values")
 
 
-def _all_finite(values: Iterable[Any], nulls: bool) -> bool:
+def _all_finite(values: Sequence[Any], nulls: bool) -> bool:
     """Every value an int or a float (or null, with `nulls`) and finite, in C-level passes over
     the list: a NaN or ±inf anywhere makes the sum NaN or ±inf. False means "look one by one"
     (a bool, a str, a float subclass, a sum that overflowed), never that all is well."""
-    vals = list(filter(_not_none, values)) if nulls else list(values)
+    vals = list(filter(_not_none, values)) if nulls else values
     try:
         return set(map(type, vals)) <= _NUMBER_TYPES and math.isfinite(sum(vals))
     except OverflowError:  # an int too big for a float: the one-by-one check says which
@@ -288,8 +286,9 @@ def check_finite(lp: TokenLogprobs, server: str, nulls: bool = False) -> None:
     NaN, ±inf, a string (or null, unless `nulls`) is `InvalidResponse`. Echo has nulls: the first
     prompt token has no logprob, and `teacher.completion_slice` reports one inside the completion.
     Every answer goes through here (256 tokens × top-5 is 1,536 values), so the common case, all
-    finite, is checked in bulk first; the loops below only run to name what is wrong."""
-    if _all_finite(lp.token_logprobs, nulls) and _all_finite(chain.from_iterable(map(_values, lp.top_logprobs)), nulls):
+    finite, is checked in bulk first (on `lp.top_values`, the chained list the token row then
+    reuses); the loops below only run to name what is wrong."""
+    if _all_finite(lp.token_logprobs, nulls) and _all_finite(lp.top_values, nulls):
         return
     ok = (lambda v: v is None or _is_number(v)) if nulls else _is_number
     for i, value in enumerate(lp.token_logprobs):

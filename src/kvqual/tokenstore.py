@@ -78,17 +78,26 @@ def _ids_of(strings: pa.Array) -> pa.Array | None:
     return pc.cast(pc.utf8_slice_codeunits(strings, len(ID_PREFIX)), pa.int64())
 
 
-def _offsets(lengths: Iterable[int], n: int) -> pa.Array:
-    lengths = list(lengths)
-    if n and len(set(lengths)) == 1:  # every position lists k alternatives (the usual): no cumulative sum
+_CACHE_MAX = 4096  # entries of each cache below: answers come in a few lengths, runs in a few suites
+_OFFSETS: dict[tuple[int, int], pa.Array] = {}  # [0, k, 2k, … nk] by (n, k)
+
+
+def _offsets(tops: tuple, n: int) -> pa.Array:
+    lengths = list(map(len, tops))
+    if n and len(set(lengths)) == 1:  # every position lists k alternatives (the usual): made once per (n, k)
         k = lengths[0]
-        return pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32)) if k else pa.array(np.zeros(n + 1, np.int32))
+        offsets = _OFFSETS.get((n, k))
+        if offsets is None:
+            offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32) if k else np.zeros(n + 1, np.int32))
+            if len(_OFFSETS) < _CACHE_MAX:
+                _OFFSETS[(n, k)] = offsets
+        return offsets
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(np.fromiter(lengths, dtype=np.int32, count=n), out=offsets[1:])
     return pa.array(offsets)
 
 
-_ONE_ROW: dict[int, pa.Array] = {}  # [0, n] offsets of a one-row list column, by n (answers come in a few lengths)
+_ONE_ROW: dict[int, pa.Buffer] = {}  # the [0, n] offsets of a one-row list column, by n
 
 
 def _one(values: pa.Array | None, typ: pa.DataType) -> pa.Array:
@@ -98,19 +107,42 @@ def _one(values: pa.Array | None, typ: pa.DataType) -> pa.Array:
     n = len(values)
     offsets = _ONE_ROW.get(n)
     if offsets is None:
-        offsets = pa.array(np.array([0, n], dtype=np.int32))
-        if len(_ONE_ROW) < 4096:
+        offsets = pa.py_buffer(np.array([0, n], dtype=np.int32))
+        if len(_ONE_ROW) < _CACHE_MAX:
             _ONE_ROW[n] = offsets
-    return pa.ListArray.from_arrays(offsets, values)
+    return pa.Array.from_buffers(typ, 1, [None, offsets], children=[values])
 
 
 _FIELD_TYPES = {f.name: f.type for f in SCHEMA}
+_SCALARS: dict[tuple[str, object], pa.Array] = {}  # one-row key and flag columns: a run has a few suites and repeats
+
+
+def _scalar(name: str, value: object) -> pa.Array:
+    array = _SCALARS.get((name, value))
+    if array is None:
+        array = pa.array([value], type=_FIELD_TYPES[name])
+        if len(_SCALARS) < _CACHE_MAX:
+            _SCALARS[(name, value)] = array
+    return array
+
+
+def _float32(values: pa.Array) -> pa.Array:
+    """float64 to float32 as pyarrow converts a Python float (rounded to nearest; beyond float32's
+    range an infinity), nulls kept: numpy's cast where there are none (`pc.cast`'s Python wrapper
+    costs twice the cast itself on 1,280 values)."""
+    if values.null_count:
+        return pc.cast(values, pa.float32(), safe=False)
+    with np.errstate(over="ignore"):  # beyond float32's range: an infinity, as pyarrow makes it
+        narrow = values.to_numpy(zero_copy_only=True).astype(np.float32)
+    return pa.Array.from_buffers(pa.float32(), len(narrow), [None, pa.py_buffer(narrow)])
 
 
 def row_batch(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
     """One record as a one-row batch, built from flat arrays with C-level passes (nested Python
     lists through `from_pydict` cost ~2 ms per 256 × top-5 answer; this is the runner's hot path).
-    The top-k maps are read where they are (keys, then values, chained), never copied."""
+    The top-k maps are read where they are (keys chained), never copied; their values are the list
+    the finite check chained (`TokenLogprobs.top_values`). The one-row key, flag and offsets columns
+    of the usual shapes are made once, not once an answer."""
     typ = _FIELD_TYPES
     tokens = pa.array(lp.tokens, type=pa.string())
     as_ids = _ids_of(tokens)
@@ -119,17 +151,19 @@ def row_batch(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
     tops = lp.top_logprobs
     names = pa.array(list(chain.from_iterable(tops)), type=pa.string())
     top_ids = _ids_of(names)
-    offsets = _offsets(map(len, tops), len(tops))
-    flat_lp = pa.array(list(chain.from_iterable(map(dict.values, tops))), type=pa.float32())  # nulls kept (echo)
+    offsets = _offsets(tops, len(tops))
+    # float64 and then float32, not float32 from the Python floats: pyarrow converts to float64 at
+    # twice the speed, and the cast rounds as that conversion does; a None stays a null (echo)
+    scored, flat_lp = pa.array(lp.token_logprobs, type=pa.float64()), pa.array(lp.top_values, type=pa.float64())
     cols = [
-        pa.array([key[0]], type=pa.string()), pa.array([key[1]], type=pa.string()), pa.array([key[2]], type=pa.int32()),
+        _scalar("suite", key[0]), pa.array([key[1]], type=pa.string()), _scalar("repeat", key[2]),
         _one(token_ids, typ["token_ids"]),
         _one(None if tokens_are_ids else tokens, typ["tokens"]),
-        pa.array([tokens_are_ids]),
-        _one(pa.array(lp.token_logprobs, type=pa.float64()), typ["token_logprobs"]),
+        _scalar("tokens_are_ids", tokens_are_ids),
+        _one(scored, typ["token_logprobs"]),
         _one(pa.ListArray.from_arrays(offsets, top_ids) if top_ids is not None else None, typ["top_ids"]),
         _one(pa.ListArray.from_arrays(offsets, names) if top_ids is None else None, typ["top_tokens"]),
-        _one(pa.ListArray.from_arrays(offsets, flat_lp), typ["top_logprobs"]),
+        _one(pa.ListArray.from_arrays(offsets, _float32(flat_lp)), typ["top_logprobs"]),
         _one(pa.array(lp.text_offset, type=pa.int64()) if lp.text_offset is not None else None, typ["text_offset"]),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=SCHEMA)
