@@ -272,6 +272,22 @@ def test_distinct2_guard_fails_outputs_that_repeat_themselves_beyond_the_floor()
     assert c.status == "pass" and c.estimate == 0
 
 
+def test_a_floor_inside_one_cluster_is_taken_as_zero_not_a_crash() -> None:
+    """A/A pairs that all share one context (or, for distinct-2, the only pairs with two words or more):
+    no SE for the floor, so it is left out as when there is no replicate, and the detail says so."""
+    base = RNG(7).uniform(0.05, 0.3, 60)
+    one = np.array(["ctx:doc0"] * 6, dtype=object)
+    rp = RatePairs("repeated_bigrams", base, base + 0.01, None, base[:6], base[:6] + RNG(8).uniform(0, 0.02, 6), one)
+    c = _by_name(decide(GatePolicy(), GateInputs(rates=(rp,), coverage=NO_TF), RNG(0)))["distinct2_loss"]
+    assert c.estimate == pytest.approx(0.01) and "one cluster (no SE): floor taken as 0" in c.detail
+    lengths = _lengths(60, 1.2)
+    floor = LengthPairs(lengths.base[:6], lengths.base[:6] + np.arange(6), one)
+    ks = _by_name(decide(GatePolicy(), GateInputs(lengths=lengths, lengths_floor=floor, coverage=NO_TF),
+                         RNG(0)))["length_ks_excess"]
+    assert ks.estimate == pytest.approx(st.ks_two_sample(lengths.base, lengths.cand).statistic)
+    assert "floor taken as 0" in ks.detail
+
+
 def test_new_guard_bounds_are_validated() -> None:
     pol = GatePolicy.from_mapping({"max_distinct2_loss": 0.1, "max_length_ks_excess": 0.2}, "kvqual.toml")
     assert (pol.max_distinct2_loss, pol.max_length_ks_excess) == (0.1, 0.2)

@@ -499,7 +499,8 @@ def ks_gap(base: ArrayLike, cand: ArrayLike, clusters: ArrayLike | None = None) 
     """Two-sample KS distance D = sup_t |F_cand(t) − F_base(t)| of paired samples, with its SE by the
     delta method at the maximiser: at t*, the gap is the mean over units of
     z = 1[base ≤ t*] − 1[cand ≤ t*], whose (cluster-robust) SE is the SE of D when t* is unique.
-    Returns (D, SE, t*); the SE is 0 when every z is the same (e.g. identical arms)."""
+    Returns (D, SE, t*); the SE is 0 when every z is the same (e.g. identical arms). ValueError when
+    the z vary within fewer than 2 clusters (no SE)."""
     x, y = np.asarray(base, dtype=float), np.asarray(cand, dtype=float)
     if x.shape != y.shape or x.size < 2:
         raise ValueError("ks_gap needs two paired arrays of at least 2 values")
@@ -511,10 +512,7 @@ def ks_gap(base: ArrayLike, cand: ArrayLike, clusters: ArrayLike | None = None) 
     d = abs(float(z.mean()))
     if np.all(z == z[0]):
         return d, 0.0, t_star
-    g = _as_clusters(clusters, x.size)
-    if int(g.max()) + 1 < 2:
-        return d, 0.0, t_star
-    return d, mean_ci(z, clusters).se, t_star
+    return d, mean_ci(z, clusters).se, t_star  # raises with fewer than 2 clusters, as mean_ci does
 
 
 # ---------------------------------------------------------------- ratio of two independent means (Fieller)

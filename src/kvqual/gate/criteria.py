@@ -303,9 +303,11 @@ def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
     ab = st.mean_ci(d, clusters) if np.any(d != d[0]) else None
     est, var = float(d.mean()), (ab.se ** 2 if ab else 0.0)
     floor_txt = "no A/A replicate: floor taken as 0"
-    if rp.floor_base is not None and rp.floor_base.size >= 2:
+    fc = None if rp.floor_clusters is None else np.asarray(rp.floor_clusters).astype(str)
+    if rp.floor_base is not None and rp.floor_base.size >= 2 and n_clusters(fc, rp.floor_base.size) < 2:
+        floor_txt = f"A/A floor on {rp.floor_base.size} pairs of one cluster (no SE): floor taken as 0"
+    elif rp.floor_base is not None and rp.floor_base.size >= 2:
         f = rp.floor_aa - rp.floor_base
-        fc = None if rp.floor_clusters is None else np.asarray(rp.floor_clusters).astype(str)
         est -= float(f.mean())
         if np.any(f != f[0]):
             var += st.mean_ci(f, fc).se ** 2
@@ -334,8 +336,10 @@ def length_ks(lp: LengthPairs, floor: LengthPairs | None, bound: float, level: f
     d, se, t = st.ks_gap(lp.base, lp.cand, clusters)
     est, var = d, se ** 2
     floor_txt = "no A/A replicate: floor taken as 0"
-    if floor is not None and floor.base.size >= 2:
-        fc = None if floor.clusters is None else floor.clusters.astype(str)
+    fc = None if floor is None or floor.clusters is None else floor.clusters.astype(str)
+    if floor is not None and floor.base.size >= 2 and n_clusters(fc, floor.base.size) < 2:
+        floor_txt = f"A/A floor on {floor.base.size} pairs of one cluster (no SE): floor taken as 0"
+    elif floor is not None and floor.base.size >= 2:
         fd, fse, ft = st.ks_gap(floor.base, floor.cand, fc)
         est -= fd
         var += fse ** 2
