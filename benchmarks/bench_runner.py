@@ -247,6 +247,11 @@ def test_client_cost_side_by_side(benchmark, server):
         rate, cpu = medians(passes)
         print(f"{name:<28}{rate:8.0f}{cpu:12.2f}")
         benchmark.extra_info[name] = {"requests_per_s": round(rate, 1), "cpu_ms_per_request": round(cpu, 3)}
+    ours, theirs = figures["kvqual runner"], figures["lm-eval local-completions"]
+    ratios = [a[1] / b[1] for a, b in zip(ours, theirs)]  # the two passes of one round ran minutes apart at most
+    print(f"kvqual / lm-eval CPU per request, round by round: {' '.join(f'{r:.2f}' for r in ratios)}; "
+          f"median {statistics.median(ratios):.2f}, below 1 in {sum(r < 1 for r in ratios)} of {len(ratios)}")
+    benchmark.extra_info["kvqual / lm-eval"] = round(statistics.median(ratios), 3)
 
 
 def _without_store(m: pytest.MonkeyPatch) -> None:
