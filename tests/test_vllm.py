@@ -31,6 +31,17 @@ def _needs_vllm() -> None:
     pytest.skip(message)
 
 
+def _needs_fp8_kv_cpu() -> None:
+    """vLLM's CPU build refuses an fp8 KV cache without AVX-512 or AMX ("FP8 KV cache on CPU requires
+    x86 with AVX-512 or AMX."): on such a machine the candidate cannot start, whatever kvqual does."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return
+    if "avx512f" not in flags and "amx_tile" not in flags:
+        pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM's CPU build cannot serve an fp8 KV cache here")
+
+
 def _listening(port: int) -> bool:
     import socket
 
@@ -41,6 +52,7 @@ def _listening(port: int) -> bool:
 
 def test_real_vllm_bf16_against_fp8(tmp_path):
     _needs_vllm()
+    _needs_fp8_kv_cpu()
     script = ROOT / "scripts" / "vllm-cpu.sh"
     # a small mix with both APIs: chat items (the chat template, rendered by vLLM's /tokenize) and
     # completions items with text prompts
