@@ -308,14 +308,15 @@ def simulate(rng: np.random.Generator, pool: int = DEFAULT_POOL, noise: Noise = 
 
     rep_mean = lambda n: REP_MAX * (1.0 - np.exp(-n / REP_SCALE))  # noqa: E731
     canon_rep = rng.beta(rep_mean(canon_len) * REP_KAPPA, (1 - rep_mean(canon_len)) * REP_KAPPA)
+    unit_rep, unit_canon = rep(canon_rep), np.minimum(rep(canon_len), MAX_TOKENS)  # per unit, capped
 
     def repeated(before_cap: np.ndarray, loops: np.ndarray, drop: float = 0.0) -> np.ndarray:
         """Each unit's repeated-bigram share: the item's own, moved with the output's length where it
         diverged; a loop's tail (its canonical length up to max_tokens) repeats every bigram."""
         own = np.minimum(before_cap, MAX_TOKENS)
-        moved = rep(canon_rep) + rep_mean(own) - rep_mean(np.minimum(rep(canon_len), MAX_TOKENS))
-        moved = np.where(own == np.minimum(rep(canon_len), MAX_TOKENS), rep(canon_rep),
-                         moved + _per_unit(rng, pool, R, det, lambda g, n: g.normal(0.0, REP_JITTER, n)))
+        moved = unit_rep + rep_mean(own) - rep_mean(unit_canon)
+        jitter = _per_unit(rng, pool, R, det, lambda g, n: g.normal(0.0, REP_JITTER, n))
+        moved = np.where(own == unit_canon, unit_rep, moved + jitter)
         r = np.clip(moved + drop, 0.0, 1.0)
         r = np.where(loops, (r * own + (MAX_TOKENS - own)) / MAX_TOKENS, r)
         final = np.where(loops, float(MAX_TOKENS), own)
