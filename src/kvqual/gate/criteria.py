@@ -289,6 +289,16 @@ def lengths(lp: LengthPairs, floor: LengthPairs | None, policy: GatePolicy, leve
                      ci.level, p_pass, p_fail, None, g, n_more, detail, "primary", unit, level)
 
 
+def _floor_refused(size: int, clusters: np.ndarray | None) -> str | None:
+    """Why a guard takes its A/A floor as 0 (None: the floor's `size` pairs can be used): no
+    replicate (fewer than 2 pairs), or pairs of one cluster, whose mean has no SE."""
+    if size < 2:
+        return "no A/A replicate: floor taken as 0"
+    if n_clusters(clusters, size) < 2:
+        return f"A/A floor on {size} pairs of one cluster (no SE): floor taken as 0"
+    return None
+
+
 def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
     """Guard: the event's rate in the candidate minus the baseline's, beyond the same difference
     between the A/A replicate and the baseline (the floor). excess = mean(cand − base) −
@@ -302,11 +312,10 @@ def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
     d = rp.cand - rp.base
     ab = st.mean_ci(d, clusters) if np.any(d != d[0]) else None
     est, var = float(d.mean()), (ab.se ** 2 if ab else 0.0)
-    floor_txt = "no A/A replicate: floor taken as 0"
     fc = None if rp.floor_clusters is None else np.asarray(rp.floor_clusters).astype(str)
-    if rp.floor_base is not None and rp.floor_base.size >= 2 and n_clusters(fc, rp.floor_base.size) < 2:
-        floor_txt = f"A/A floor on {rp.floor_base.size} pairs of one cluster (no SE): floor taken as 0"
-    elif rp.floor_base is not None and rp.floor_base.size >= 2:
+    floor_txt = _floor_refused(0 if rp.floor_base is None else rp.floor_base.size, fc)
+    if floor_txt is None:
+        assert rp.floor_base is not None and rp.floor_aa is not None
         f = rp.floor_aa - rp.floor_base
         est -= float(f.mean())
         if np.any(f != f[0]):
@@ -335,11 +344,10 @@ def length_ks(lp: LengthPairs, floor: LengthPairs | None, bound: float, level: f
     clusters = None if lp.clusters is None else lp.clusters.astype(str)
     d, se, t = st.ks_gap(lp.base, lp.cand, clusters)
     est, var = d, se ** 2
-    floor_txt = "no A/A replicate: floor taken as 0"
     fc = None if floor is None or floor.clusters is None else floor.clusters.astype(str)
-    if floor is not None and floor.base.size >= 2 and n_clusters(fc, floor.base.size) < 2:
-        floor_txt = f"A/A floor on {floor.base.size} pairs of one cluster (no SE): floor taken as 0"
-    elif floor is not None and floor.base.size >= 2:
+    floor_txt = _floor_refused(0 if floor is None else floor.base.size, fc)
+    if floor_txt is None:
+        assert floor is not None
         fd, fse, ft = st.ks_gap(floor.base, floor.cand, fc)
         est -= fd
         var += fse ** 2
