@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,14 @@ from typing import Callable, Iterator, TypeVar
 import pytest
 
 FAKE = Path(__file__).with_name("fakeserver.py")
+
+
+def sigint_as_at_a_terminal() -> None:
+    """A child's preexec_fn for the Ctrl-C tests: SIGINT at its default disposition, as under an
+    interactive shell. A test run started as a background job of a non-interactive shell (`cmd &`,
+    nohup) has SIGINT ignored, every child inherits that, and Python then installs no
+    KeyboardInterrupt handler: the child would never see the Ctrl-C the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvtest import FAKE, write_suite
+from kvtest import FAKE, sigint_as_at_a_terminal, write_suite
 from kvqual.launch import port_is_free
 
 
@@ -55,7 +55,8 @@ def test_ctrl_c_during_a_comparison_stops_the_launched_server(tmp_path):
         f'[run]\nconcurrency = 2\n[targets.a]\nbase_url = "http://127.0.0.1:{{port}}/v1"\n'
         f'launch = "{py} {FAKE} --port {{port}} --delay 0.5"\n[targets.b]\nbase_url = "http://127.0.0.1:1/v1"\n')
     proc = subprocess.Popen([py, "-m", "kvqual", "compare", "a", "b", "--suite", "s.jsonl"], cwd=tmp_path,
-                            env={**os.environ, "CI": "true"}, stderr=subprocess.PIPE, text=True)
+                            env={**os.environ, "CI": "true"}, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_at_a_terminal)
     started = proc.stderr.readline()
     port = int(started.split("--port ")[1].split()[0])
     deadline = time.monotonic() + 60

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtest import FAKE, write_config, write_suite
+from kvtest import FAKE, sigint_as_at_a_terminal, write_config, write_suite
 from kvqual.cli import main
 from kvqual.load import stats
 from kvqual.load.session import default_concurrency
@@ -252,7 +252,8 @@ def test_ctrl_c_stops_the_load_and_the_launched_server(tmp_path):
     _suite(tmp_path)
     proc = subprocess.Popen([py, "-m", "kvqual", "load", "a", "--duration", "60", "--suite", "s.jsonl",
                              "--concurrency", "4"], cwd=tmp_path, env={**os.environ, "CI": "true"},
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            preexec_fn=sigint_as_at_a_terminal)
     port = int(proc.stderr.readline().split("--port ")[1].split()[0])
     deadline = time.monotonic() + 60
     while "healthy" not in proc.stderr.readline() and time.monotonic() < deadline:
