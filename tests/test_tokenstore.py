@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -41,6 +42,51 @@ def test_rows_round_trip_exactly(tmp_path, lp) -> None:
     without_top = tokenstore.load_logprobs(path, top_k=False)[("s", "1", 0)]
     assert without_top.tokens == lp.tokens and without_top.token_logprobs == lp.token_logprobs
     assert without_top.top_logprobs == ()
+
+
+EMPTY = TokenLogprobs(tokens=(), token_logprobs=())
+IDS_READ = TokenLogprobs(tokens=IDS.tokens, token_logprobs=IDS.token_logprobs, top_logprobs=IDS.top_logprobs)  # no ids sent
+KINDS = [IDS, TEXT, NOT_IDS, ECHO, TAB, OTHER_IDS, EMPTY, IDS_READ]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batch_of_rows_of_every_kind_is_those_rows_one_by_one(tmp_path, seed) -> None:
+    """rows_batch builds a batch's columns over all its rows at once (per-row masks: ids or strings,
+    ids sent or read off the strings, text offsets or none): in any order and mix, the batch is the
+    one-row batches concatenated, and reads back exactly."""
+    import random
+
+    import pyarrow as pa
+
+    rng = random.Random(seed)
+    lps = [rng.choice(KINDS) for _ in range(rng.randint(1, 40))]
+    rows = [(("s", str(i), i % 3), lp) for i, lp in enumerate(lps)]
+    batch = tokenstore.rows_batch(rows)
+    assert batch.equals(pa.concat_batches([tokenstore.row_batch(k, lp) for k, lp in rows]))
+    path = tmp_path / "x.tokens.arrow"
+    f = tokenstore.TokenFile.open(path)
+    f.append_rows(rows[:len(rows) // 2])
+    f.append_rows(rows[len(rows) // 2:])
+    f.close()
+    back = {id(IDS_READ): IDS, id(EMPTY): dataclasses.replace(EMPTY, token_ids=())}  # ids read off the strings (of none: ())
+    assert tokenstore.load_logprobs(path) == {k: back.get(id(lp), lp) for k, lp in rows}
+
+
+
+
+def test_files_of_big_batches_are_not_rewritten_on_close(tmp_path) -> None:
+    """The runner writes batches of many rows (RunStore's groups): those read fast as they are, so
+    closing keeps them (rewriting cost it a seventh of its client CPU per request); one-row batches
+    are rewritten (test_closed_files_are_rewritten_in_large_batches)."""
+    import pyarrow as pa
+
+    path = tmp_path / "x.tokens.arrow"
+    f = tokenstore.TokenFile.open(path)
+    for b in range(3):
+        f.append_rows([(("s", f"{b}-{i}", 0), IDS) for i in range(tokenstore.MIN_BATCH_ROWS)])
+    f.close()
+    assert [len(b) for b in pa.ipc.open_stream(pa.OSFile(str(path)))] == [tokenstore.MIN_BATCH_ROWS] * 3
+    assert len(tokenstore.load_logprobs(path)) == 3 * tokenstore.MIN_BATCH_ROWS
 
 
 def test_rows_hold_the_float32_values_pyarrow_makes_of_python_floats_and_keep_nulls() -> None:
@@ -94,6 +140,47 @@ def test_torn_last_batch_is_dropped_and_reopen_rewrites_what_is_kept(tmp_path) -
 def _sample(i: int, lp: TokenLogprobs | None) -> Sample:
     return Sample(id=str(i), suite="s", repeat=0, text="Hello!", finish_reason="stop", completion_tokens=3,
                   error=None, logprobs=lp)
+
+
+def test_store_writes_answers_in_groups_each_row_before_its_line(tmp_path, monkeypatch) -> None:
+    """RunStore writes FLUSH_ROWS answers at a time, or what waited FLUSH_SECONDS (on the next
+    answer or the runner's `flush_due`), or what is left on close: token rows first, then lines, so
+    a line on disk always has its row; until written, nothing of an answer is on disk."""
+    from test_store import manifest
+
+    from kvqual import store as store_module
+    from kvqual.store import RunStore
+
+    now = [100.0]
+    monkeypatch.setattr(store_module, "FLUSH_ROWS", 3)
+    monkeypatch.setattr(store_module.time, "monotonic", lambda: now[0])
+    store = RunStore.open(tmp_path, manifest())
+    run = tmp_path / "t-abc"
+
+    def on_disk() -> tuple[list[str], list[str]]:
+        lines = [json.loads(x)["id"] for x in (run / SAMPLES).read_text().splitlines()]
+        return lines, [k[1] for k in tokenstore.keys_of(tokenstore.read_table(run / "samples.tokens.arrow"))]
+
+    store.append(_sample(0, IDS))
+    store.append(_sample(1, None))
+    assert on_disk() == ([], []) and store.done == {("s", "0", 0), ("s", "1", 0)}
+    store.append(_sample(2, TEXT))
+    assert on_disk() == (["0", "1", "2"], ["0", "2"])
+    store.append(_sample(3, IDS))
+    now[0] += store_module.FLUSH_SECONDS / 2
+    store.flush_due()
+    assert on_disk()[0] == ["0", "1", "2"]
+    now[0] += store_module.FLUSH_SECONDS / 2
+    store.flush_due()
+    assert on_disk() == (["0", "1", "2", "3"], ["0", "2", "3"])
+    store.append(_sample(4, IDS))
+    now[0] += store_module.FLUSH_SECONDS
+    store.append(_sample(5, TEXT))  # the first waited long enough: both written
+    assert on_disk()[0] == ["0", "1", "2", "3", "4", "5"]
+    store.append(_sample(6, IDS))
+    store.close()
+    assert on_disk() == ([str(i) for i in range(7)], ["0", "2", "3", "4", "5", "6"])
+    assert load_samples(run)[("s", "6", 0)].logprobs == IDS
 
 
 def test_store_writes_token_rows_beside_readable_lines_and_resumes(tmp_path) -> None:

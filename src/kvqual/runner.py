@@ -31,7 +31,7 @@ from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, causes
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
-from kvqual.store import RunLock, RunStore, answered_keys, failure_summary, run_key
+from kvqual.store import FLUSH_SECONDS, RunLock, RunStore, answered_keys, failure_summary, run_key
 from kvqual.suites import LoadedSuite
 from kvqual.telemetry import Scraper
 
@@ -325,9 +325,15 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
                         return
             bar.update()
 
+    async def flush_while_waiting() -> None:  # answers written within a second, however slow the next one is
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            store.flush_due()
+
     status = "incomplete"
     scraper = Scraper(plan.target.base_urls, plan.target.api_key())
     await scraper.start()
+    flusher = asyncio.create_task(flush_while_waiting())
     try:
         for suite in plan.suites:
             names = {f"lm-eval:{t}" for t in suite.lmeval_tasks}
@@ -342,6 +348,9 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
                 raise abort[0]
         status = "complete" if len(store.done) >= all_units else "partial"
     finally:
+        # cancelled where it sleeps, so nothing of it runs again; not awaited: a cancellation of this
+        # task arriving in that await would be taken for the flusher's own and swallowed
+        flusher.cancel()
         bar.close()
         server_metrics = await scraper.stop()
         for t in transports:

@@ -7,12 +7,15 @@ row here, keyed by (suite, id, repeat). A line whose data lives here says `"toke
 and carries `"logprobs": null`. Why: 256 tokens × top-5 as JSON is ~30 KB per answer, and
 parsing it was most of what `kvqual report` spent at 20k items (docs/performance.md).
 
-Format: an Arrow IPC stream, one record batch per row while it is written, each written before
-its JSONL line and flushed, so a killed run keeps every row it wrote and a line never points at
-a row that is not on disk; a torn last batch is dropped on reading. Closing rewrites the stream
-in batches of READ_BATCH rows (reading 20k one-row batches cost more than their data). A file
-is never appended to after it was closed: reopening rewrites it (`TokenFile.open`, keeping the
-rows its caller still wants), as the samples file is compacted on resume. Token strings of the form `token_id:N` (vLLM's
+Format: an Arrow IPC stream of record batches, each written before the JSONL lines of its rows
+and flushed, so a killed writer keeps every row it wrote and a line never points at a row that is
+not on disk; a torn last batch is dropped on reading. The runner writes a batch per group of
+answers (RunStore: up to 64 answers, none held over a second), teacher forcing a batch per row.
+Closing rewrites a stream of small batches (fewer than MIN_BATCH_ROWS rows on average) in batches
+of READ_BATCH rows (reading 20k one-row batches cost more than their data); batches of 16 rows or
+more are kept as written (rewriting them cost the runner a seventh of its client CPU per request).
+A file is never appended to after it was closed: reopening rewrites it (`TokenFile.open`, keeping
+the rows its caller still wants), as the samples file is compacted on resume. Token strings of the form `token_id:N` (vLLM's
 `return_tokens_as_token_ids`, kvqual serve, SGLang through kvqual's client) are stored as ids
 and given back as the same strings. The scored token's logprob is float64; the top-k logprobs
 are float32, the precision servers compute them in (vLLM, SGLang and kvqual serve return
@@ -26,7 +29,7 @@ import mmap
 import os
 from itertools import chain
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +39,8 @@ from kvqual.records import TokenLogprobs
 
 Key = tuple[str, str, int]
 SUFFIX = ".tokens.arrow"
-READ_BATCH = 4096  # rows per batch once a file is closed
+READ_BATCH = 4096  # rows per batch once a file of small batches is closed
+MIN_BATCH_ROWS = 16  # rows a batch on average, below which closing a file rewrites it in READ_BATCH rows
 # A one-row batch is too small to gain from the writer's thread pool, and handing it over costs
 # ~40 us a row: a third of `write_batch` (the bytes written are the same).
 WRITE_OPTIONS = pa.ipc.IpcWriteOptions(use_threads=False)
@@ -64,66 +68,60 @@ def tokens_path(jsonl: Path) -> Path:
 
 
 _ID_STRING = r"^token_id:(0|[1-9][0-9]*)$"  # the form `_strings` writes back: N as an id prints
+_FIELD_TYPES = {f.name: f.type for f in SCHEMA}
+Row = tuple[Key, TokenLogprobs]
 
 
-def _ids_of(strings: pa.Array) -> pa.Array | None:
-    """The ids (int64) of strings that are all `token_id:N`, else None. C++ passes over the array
-    (a regex match, a slice, a cast), not a Python `int()` per string: this runs for every answer
-    received, on 256 tokens and 1,280 top-k names at 256 x top-5. Strings whose first is not an id
-    are told at once."""
-    if len(strings) == 0:  # made here, not at import: pyarrow's first pa.array imports pandas (~0.3 s)
-        return pa.array([], type=pa.int64())
-    if not strings[0].as_py().startswith(ID_PREFIX) or not pc.all(pc.match_substring_regex(strings, _ID_STRING)).as_py():
-        return None
+def _offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """[0, l0, l0 + l1, …] as int32: the offsets of a list column."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise ValueError(f"{offsets[-1]} values in one token batch: more than an Arrow list holds")
+    return offsets.astype(np.int32)
+
+
+def _lengths(seqs: Iterable) -> np.ndarray:
+    return np.fromiter(map(len, seqs), dtype=np.int64)
+
+
+def _all_per_row(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per row, whether every flag of its slice `offsets[i]:offsets[i + 1]` holds (an empty one: True)."""
+    misses = np.zeros(len(flags) + 1, dtype=np.int64)
+    np.cumsum(~flags, out=misses[1:])
+    return misses[offsets[1:]] == misses[offsets[:-1]]
+
+
+def _id_rows(strings: pa.Array, offsets: np.ndarray, firsts: Iterable[str | None]) -> np.ndarray:
+    """Per row of `strings` (rows by `offsets`; `firsts`: each row's first string, None for an empty
+    row), whether every string of it is `token_id:N`. One regex pass over the batch, and none when
+    no row's first string starts with the prefix (text tokens, the usual case where they are not
+    ids). An empty row counts as ids: it reads back the same."""
+    lengths = np.diff(offsets)
+    if not any(f.startswith(ID_PREFIX) for f in firsts if f is not None):
+        return lengths == 0
+    return _all_per_row(pc.match_substring_regex(strings, _ID_STRING).to_numpy(zero_copy_only=False), offsets)
+
+
+def _ids(strings: pa.Array) -> pa.Array:
+    """`token_id:N` strings (each one checked by `_id_rows`) as their ids."""
     return pc.cast(pc.utf8_slice_codeunits(strings, len(ID_PREFIX)), pa.int64())
 
 
-_CACHE_MAX = 4096  # entries of each cache below: answers come in a few lengths, runs in a few suites
-_OFFSETS: dict[tuple[int, int], pa.Array] = {}  # [0, k, 2k, … nk] by (n, k)
+def _kept(values: pa.Array, offsets: np.ndarray, rows: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """The values of the rows `rows` marks (rows by `offsets`), and every row's length: 0 where not kept."""
+    lengths = np.diff(offsets)
+    if rows.all():
+        return values, lengths
+    return values.filter(pa.array(np.repeat(rows, lengths))), np.where(rows, lengths, 0)
 
 
-def _offsets(tops: tuple, n: int) -> pa.Array:
-    lengths = list(map(len, tops))
-    if n and len(set(lengths)) == 1:  # every position lists k alternatives (the usual): made once per (n, k)
-        k = lengths[0]
-        offsets = _OFFSETS.get((n, k))
-        if offsets is None:
-            offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32) if k else np.zeros(n + 1, np.int32))
-            if len(_OFFSETS) < _CACHE_MAX:
-                _OFFSETS[(n, k)] = offsets
-        return offsets
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.fromiter(lengths, dtype=np.int32, count=n), out=offsets[1:])
-    return pa.array(offsets)
-
-
-_ONE_ROW: dict[int, pa.Buffer] = {}  # the [0, n] offsets of a one-row list column, by n
-
-
-def _one(values: pa.Array | None, typ: pa.DataType) -> pa.Array:
-    """A one-row list column holding `values` (a null row when None)."""
-    if values is None:
-        return pa.nulls(1, typ)
-    n = len(values)
-    offsets = _ONE_ROW.get(n)
-    if offsets is None:
-        offsets = pa.py_buffer(np.array([0, n], dtype=np.int32))
-        if len(_ONE_ROW) < _CACHE_MAX:
-            _ONE_ROW[n] = offsets
-    return pa.Array.from_buffers(typ, 1, [None, offsets], children=[values])
-
-
-_FIELD_TYPES = {f.name: f.type for f in SCHEMA}
-_SCALARS: dict[tuple[str, object], pa.Array] = {}  # one-row key and flag columns: a run has a few suites and repeats
-
-
-def _scalar(name: str, value: object) -> pa.Array:
-    array = _SCALARS.get((name, value))
-    if array is None:
-        array = pa.array([value], type=_FIELD_TYPES[name])
-        if len(_SCALARS) < _CACHE_MAX:
-            _SCALARS[(name, value)] = array
-    return array
+def _list(values: pa.Array, lengths: np.ndarray, typ: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """A list column: row i holds the next `lengths[i]` of `values`, or is null where `valid` is False."""
+    if valid is not None and not valid.any():
+        return pa.nulls(len(lengths), typ)
+    mask = None if valid is None or valid.all() else pa.array(~valid)
+    return pa.ListArray.from_arrays(pa.array(_offsets_of(lengths)), values, type=typ, mask=mask)
 
 
 def _float32(values: pa.Array) -> pa.Array:
@@ -137,36 +135,81 @@ def _float32(values: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(pa.float32(), len(narrow), [None, pa.py_buffer(narrow)])
 
 
-def row_batch(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
-    """One record as a one-row batch, built from flat arrays with C-level passes (nested Python
-    lists through `from_pydict` cost ~2 ms per 256 × top-5 answer; this is the runner's hot path).
-    The top-k maps are read where they are (keys chained), never copied; their values are the list
-    the finite check chained (`TokenLogprobs.top_values`). The one-row key, flag and offsets columns
-    of the usual shapes are made once, not once an answer."""
-    typ = _FIELD_TYPES
-    tokens = pa.array(lp.tokens, type=pa.string())
-    as_ids = _ids_of(tokens)
-    token_ids = pa.array(lp.token_ids, type=pa.int64()) if lp.token_ids is not None else as_ids
-    tokens_are_ids = as_ids is not None and token_ids is not None and token_ids.equals(as_ids)
-    tops = lp.top_logprobs
-    names = pa.array(list(chain.from_iterable(tops)), type=pa.string())
-    top_ids = _ids_of(names)
-    offsets = _offsets(tops, len(tops))
+def rows_batch(rows: Sequence[Row]) -> pa.RecordBatch:
+    """Records as one batch, built from flat arrays over all its rows in C-level passes: one
+    `pa.array` a column for the whole batch, not one an answer (nested Python lists through
+    `from_pydict` cost ~2 ms per 256 × top-5 answer; building rows one at a time ~140 us an answer,
+    a batch of 64 ~85; this is the runner's hot path, docs/performance.md). The top-k maps are read
+    where they are (keys chained), never copied; their values are the lists the finite check
+    chained (`TokenLogprobs.top_values`). Rows whose token ids came with the answer and rows whose
+    ids are read off `token_id:N` strings are built in runs of one kind, kept in order."""
+    given = [lp.token_ids is not None for _, lp in rows]
+    if any(given) and not all(given):
+        runs, start = [], 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or given[i] != given[start]:
+                runs.append(rows_batch(rows[start:i]))
+                start = i
+        return pa.concat_batches(runs)
+    typ, lps = _FIELD_TYPES, [lp for _, lp in rows]
+    tok_offsets = _offsets_of(_lengths(lp.tokens for lp in lps))
+    tokens = pa.array(list(chain.from_iterable(lp.tokens for lp in lps)), type=pa.string())
+    id_rows = _id_rows(tokens, tok_offsets, (lp.tokens[0] if lp.tokens else None for lp in lps))
+    ids_valid: np.ndarray | None = None
+    if any(given):  # the answer's ids; its strings are ids too where each is `token_id:<that id>`
+        id_lengths = _lengths(lp.token_ids for lp in lps)
+        token_ids = pa.array(list(chain.from_iterable(lp.token_ids for lp in lps)), type=pa.int64())
+        tokens_are_ids = id_rows & (id_lengths == np.diff(tok_offsets))
+        if tokens_are_ids.any():
+            read, _ = _kept(tokens, tok_offsets, tokens_are_ids)
+            sent, _ = _kept(token_ids, _offsets_of(id_lengths), tokens_are_ids)
+            equal = pc.equal(_ids(read), sent).to_numpy(zero_copy_only=False)
+            tokens_are_ids[tokens_are_ids] = _all_per_row(equal, _offsets_of(id_lengths[tokens_are_ids]))
+    else:  # read off the strings, where every one is an id
+        read, id_lengths = _kept(tokens, tok_offsets, id_rows)
+        token_ids, ids_valid, tokens_are_ids = _ids(read), id_rows, id_rows
+    text, text_lengths = _kept(tokens, tok_offsets, ~tokens_are_ids)
+
+    tops = [lp.top_logprobs for lp in lps]
+    positions = _lengths(tops)  # per row
+    ks = _lengths(chain.from_iterable(tops))  # per position
+    k_offsets = _offsets_of(ks)
+    names = pa.array(list(chain.from_iterable(chain.from_iterable(tops))), type=pa.string())
+    top_id_rows = _id_rows(names, k_offsets[_offsets_of(positions)], (next(chain.from_iterable(t), None) for t in tops))
+
+    def top_k(rows_kept: np.ndarray, t: pa.DataType, convert: Callable[[pa.Array], pa.Array]) -> pa.Array:
+        if not rows_kept.any():
+            return pa.nulls(len(lps), t)
+        at = np.repeat(rows_kept, positions)  # the positions of the rows kept
+        kept, _ = _kept(names, k_offsets, at)
+        inner = pa.ListArray.from_arrays(pa.array(_offsets_of(ks[at])), convert(kept), type=t.value_type)
+        return _list(inner, np.where(rows_kept, positions, 0), t, rows_kept)
+
     # float64 and then float32, not float32 from the Python floats: pyarrow converts to float64 at
     # twice the speed, and the cast rounds as that conversion does; a None stays a null (echo)
-    scored, flat_lp = pa.array(lp.token_logprobs, type=pa.float64()), pa.array(lp.top_values, type=pa.float64())
+    scored = pa.array(list(chain.from_iterable(lp.token_logprobs for lp in lps)), type=pa.float64())
+    top_lp = _float32(pa.array(list(chain.from_iterable(lp.top_values for lp in lps)), type=pa.float64()))
+    has_offsets = np.fromiter((lp.text_offset is not None for lp in lps), dtype=bool, count=len(lps))
+    text_offset = pa.array(list(chain.from_iterable(lp.text_offset or () for lp in lps)), type=pa.int64())
     cols = [
-        _scalar("suite", key[0]), pa.array([key[1]], type=pa.string()), _scalar("repeat", key[2]),
-        _one(token_ids, typ["token_ids"]),
-        _one(None if tokens_are_ids else tokens, typ["tokens"]),
-        _scalar("tokens_are_ids", tokens_are_ids),
-        _one(scored, typ["token_logprobs"]),
-        _one(pa.ListArray.from_arrays(offsets, top_ids) if top_ids is not None else None, typ["top_ids"]),
-        _one(pa.ListArray.from_arrays(offsets, names) if top_ids is None else None, typ["top_tokens"]),
-        _one(pa.ListArray.from_arrays(offsets, _float32(flat_lp)), typ["top_logprobs"]),
-        _one(pa.array(lp.text_offset, type=pa.int64()) if lp.text_offset is not None else None, typ["text_offset"]),
+        pa.array([k[0] for k, _ in rows], type=pa.string()), pa.array([k[1] for k, _ in rows], type=pa.string()),
+        pa.array([k[2] for k, _ in rows], type=pa.int32()),
+        _list(token_ids, id_lengths, typ["token_ids"], ids_valid),
+        _list(text, text_lengths, typ["tokens"], ~tokens_are_ids),
+        pa.array(tokens_are_ids, type=pa.bool_()),
+        _list(scored, _lengths(lp.token_logprobs for lp in lps), typ["token_logprobs"]),
+        top_k(top_id_rows, typ["top_ids"], _ids),
+        top_k(~top_id_rows, typ["top_tokens"], lambda strings: strings),
+        _list(pa.ListArray.from_arrays(pa.array(k_offsets), top_lp, type=typ["top_logprobs"].value_type), positions,
+              typ["top_logprobs"]),
+        _list(text_offset, _lengths(lp.text_offset or () for lp in lps), typ["text_offset"], has_offsets),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=SCHEMA)
+
+
+def row_batch(key: Key, lp: TokenLogprobs) -> pa.RecordBatch:
+    """One record as a one-row batch."""
+    return rows_batch([(key, lp)])
 
 
 def with_key(columns: Iterable[str] | None) -> list[str] | None:
@@ -265,14 +308,15 @@ def load_logprobs(path: Path, top_k: bool = True) -> dict[Key, TokenLogprobs]:
 
 
 class TokenFile:
-    """The writer of one token file: a row per record, flushed as it is written."""
+    """The writer of one token file: a batch of rows at a time, flushed as it is written."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # buffered, and flushed after every row: a one-row batch is ~20 writes of its pieces to an
+        # buffered, and flushed after every batch: a batch is ~20 writes of its pieces to an
         # unbuffered file (~20 us a row), one write this way; what is on disk after a flush is the same
         self._sink = pa.BufferedOutputStream(pa.OSFile(str(path), "wb"), WRITE_BUFFER)
         self._writer = pa.ipc.new_stream(self._sink, SCHEMA, options=WRITE_OPTIONS)
+        self._rows = self._batches = 0
 
     @classmethod
     def open(cls, path: Path, keep: Callable[[Key], bool] | None = None) -> "TokenFile":
@@ -285,33 +329,45 @@ class TokenFile:
         out = cls(tmp)
         if old is not None and old.num_rows:
             for batch in old.combine_chunks().to_batches(max_chunksize=READ_BATCH):
-                out._writer.write_batch(batch)
+                out._write(batch)
         out._sink.flush()
         os.replace(tmp, path)
         out.path = path
         return out
 
+    def _write(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch)
+        self._rows += batch.num_rows
+        self._batches += 1
+
     def append(self, key: Key, lp: TokenLogprobs) -> None:
-        self._writer.write_batch(row_batch(key, lp))
-        self._sink.flush()
+        self.append_rows([(key, lp)])
+
+    def append_rows(self, rows: Sequence[Row]) -> None:
+        """`rows` as one batch, on disk (flushed) when this returns."""
+        if rows:
+            self._write(rows_batch(rows))
+            self._sink.flush()
 
     def close(self) -> None:
-        """Close the stream, then rewrite it in batches of READ_BATCH rows: a batch per row keeps every
-        answer of a killed run, but reading 20k one-row batches costs more than the rows themselves.
-        The rewrite goes to a temp file and replaces the stream whole, so an interruption leaves
-        the one-row form, still complete."""
+        """Close the stream, and rewrite it in batches of READ_BATCH rows where its batches are small
+        (rows appended one at a time): a batch per row keeps every row of a killed writer, but
+        reading 20k one-row batches costs more than the rows themselves, where batches of
+        MIN_BATCH_ROWS or more cost little (the runner's, RunStore.append). The rewrite goes to a
+        temp file and replaces the stream whole, so an interruption leaves the first form, complete."""
         if self._writer is None:
             return
         self._writer.close()
         self._sink.close()
         self._writer = None
+        if self._batches < 2 or self._rows >= MIN_BATCH_ROWS * self._batches:
+            return
         table = read_table(self.path)
-        if table.num_rows > 1:
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA, options=WRITE_OPTIONS) as writer:
-                for batch in table.combine_chunks().to_batches(max_chunksize=READ_BATCH):
-                    writer.write_batch(batch)
-            os.replace(tmp, self.path)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA, options=WRITE_OPTIONS) as writer:
+            for batch in table.combine_chunks().to_batches(max_chunksize=READ_BATCH):
+                writer.write_batch(batch)
+        os.replace(tmp, self.path)
 
 
 def attach(records: dict, stored: Iterable[Key], jsonl: Path, top_k: bool = True) -> None:

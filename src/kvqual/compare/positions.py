@@ -316,8 +316,8 @@ def from_logprobs(records: Mapping[Key, object], top_k: bool = True) -> TokenArr
 
 def _inline(records: Mapping[Key, object]) -> pa.Table:
     """The records that carry their logprobs, as token-file rows."""
-    batches = [tokenstore.row_batch(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
-    return pa.Table.from_batches(batches, schema=tokenstore.SCHEMA)
+    rows = [(k, r.logprobs) for k, r in records.items() if getattr(r, "logprobs", None) is not None]
+    return pa.Table.from_batches([tokenstore.rows_batch(rows)], schema=tokenstore.SCHEMA)
 
 
 def _gather(starts: np.ndarray, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
