@@ -363,6 +363,7 @@ def make_app(args: argparse.Namespace) -> web.Application:
     fake = Fake(args)
 
     one_at_a_time = asyncio.Lock()
+    serial = [0]  # requests in a --serial server: the one answered and those waiting
     capacity = asyncio.Semaphore(args.max_running) if args.max_running else None
     started: dict[str, float] = {}
 
@@ -371,14 +372,16 @@ def make_app(args: argparse.Namespace) -> web.Application:
         if request.method != "POST":
             return await handler(request)
         if args.serial:  # llama.cpp with one slot: the rest wait (vllm:num_requests_waiting)
-            fake.waiting += 1
-            async with one_at_a_time:
-                fake.waiting -= 1
-                fake.running += 1
-                try:
+            # the slot is busy while any request is in: a real one-slot server takes the next at
+            # once, where this lock's hand-over leaves a moment in which a /metrics scrape saw none
+            serial[0] += 1
+            fake.running, fake.waiting = min(1, serial[0]), max(0, serial[0] - 1)
+            try:
+                async with one_at_a_time:
                     return await handler(request)
-                finally:
-                    fake.running -= 1
+            finally:
+                serial[0] -= 1
+                fake.running, fake.waiting = min(1, serial[0]), max(0, serial[0] - 1)
         if capacity is not None and request.path.startswith("/v1/"):  # fixed capacity: the rest queue
             now = time.monotonic()
             held = now - started.setdefault("first", now) >= args.burst_s  # in the burst: admitted beside it
