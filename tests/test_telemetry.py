@@ -91,3 +91,29 @@ def test_prefix_cache_figures_are_token_deltas_and_a_hit_rate():
     assert out["host_hits"] is None  # vLLM has no host tier figure
     plain = summarize({}, {}, {}, wall_s=1.0, source="vllm", scrapes=2)
     assert plain["prefix_hit_rate"] is None and plain["prefix_cache_hits"] is None  # no prefix cache: no row
+
+
+def test_a_cancellation_arriving_while_the_scraper_stops_is_not_swallowed(fake_server):
+    """`Scraper.stop` cancels its poller and waits for it; a cancellation of the caller arriving in
+    that wait is the caller's, not the poller's, and must end the caller (swallowed, a run cancelled
+    at asyncio.run's shutdown went on and raised its own error as an unhandled one)."""
+    import asyncio
+
+    from kvqual.telemetry import Scraper
+
+    server = fake_server("--metrics")
+
+    async def main() -> bool:
+        scraper = Scraper((server.base_url,))
+        await scraper.start()
+        assert scraper._task is not None  # the server answers /metrics: a poller runs
+        stopping = asyncio.create_task(scraper.stop())
+        await asyncio.sleep(0)  # stop() has cancelled the poller and waits for it
+        stopping.cancel()
+        try:
+            await stopping
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(main())

@@ -180,7 +180,9 @@ class Scraper:
             try:
                 await self._task
             except asyncio.CancelledError:
-                pass
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # this task's own cancellation arrived meanwhile
+                    raise
         if self._client is None:
             return None
         if self._scrapes:
