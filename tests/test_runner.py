@@ -416,8 +416,8 @@ def test_closed_before_response_knows_a_clean_close_from_other_connection_failur
 
 
 def test_an_answer_is_written_while_the_next_is_awaited(tmp_path, fake_server, monkeypatch):
-    """The store writes answers in groups (store.py); while the runner waits on a slow server its
-    flusher writes what waited FLUSH_SECONDS, so a kill then loses at most that much, however long
+    """The store writes answers in groups (store.py); while the runner waits on a slow server it
+    flushes the store every FLUSH_SECONDS, so a kill then loses at most that much, however long
     the next answer takes. Here each answer takes 0.6 s and FLUSH_SECONDS is 0.1: every answer is
     on disk before the next is taken, not all at the end."""
     from kvqual import runner, store
@@ -427,8 +427,8 @@ def test_an_answer_is_written_while_the_next_is_awaited(tmp_path, fake_server, m
     events: list[str] = []
     taken, written = store.RunStore.append, store.RunStore.flush
     monkeypatch.setattr(store.RunStore, "append", lambda self, s: (events.append("taken"), taken(self, s))[1])
-    monkeypatch.setattr(store.RunStore, "flush", lambda self: (events.append(f"written {len(self._pending)}"),
-                                                               written(self))[1])
+    monkeypatch.setattr(store.RunStore, "flush", lambda self: (self._pending and events.append(
+        f"written {len(self._pending)}"), written(self))[1])
     server = fake_server("--delay", "0.6")
     m = run(tmp_path, server, suite(tmp_path, [{"id": str(i), "prompt": f"p {i}"} for i in range(3)]), concurrency=1)
     assert events == ["taken", "written 1"] * 3

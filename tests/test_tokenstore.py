@@ -143,9 +143,10 @@ def _sample(i: int, lp: TokenLogprobs | None) -> Sample:
 
 
 def test_store_writes_answers_in_groups_each_row_before_its_line(tmp_path, monkeypatch) -> None:
-    """RunStore writes FLUSH_ROWS answers at a time, or what waited FLUSH_SECONDS (on the next
-    answer or the runner's `flush_due`), or what is left on close: token rows first, then lines, so
-    a line on disk always has its row; until written, nothing of an answer is on disk."""
+    """RunStore writes FLUSH_ROWS answers at a time, what waits once its first is FLUSH_SECONDS old
+    (on the next answer), what waits at the runner's `flush` (every FLUSH_SECONDS), and what is left
+    on close: token rows first, then lines, so a line on disk always has its row; until written,
+    nothing of an answer is on disk."""
     from test_store import manifest
 
     from kvqual import store as store_module
@@ -168,19 +169,19 @@ def test_store_writes_answers_in_groups_each_row_before_its_line(tmp_path, monke
     assert on_disk() == (["0", "1", "2"], ["0", "2"])
     store.append(_sample(3, IDS))
     now[0] += store_module.FLUSH_SECONDS / 2
-    store.flush_due()
+    store.append(_sample(4, IDS))  # the first waiting is half as old as FLUSH_SECONDS: held
     assert on_disk()[0] == ["0", "1", "2"]
     now[0] += store_module.FLUSH_SECONDS / 2
-    store.flush_due()
-    assert on_disk() == (["0", "1", "2", "3"], ["0", "2", "3"])
-    store.append(_sample(4, IDS))
-    now[0] += store_module.FLUSH_SECONDS
-    store.append(_sample(5, TEXT))  # the first waited long enough: both written
-    assert on_disk()[0] == ["0", "1", "2", "3", "4", "5"]
+    store.append(_sample(5, TEXT))  # now it is that old: all three written
+    assert on_disk() == (["0", "1", "2", "3", "4", "5"], ["0", "2", "3", "4", "5"])
+    store.flush()  # nothing waits: nothing written
     store.append(_sample(6, IDS))
+    store.flush()  # the runner's, whatever its age
+    assert on_disk()[0] == [str(i) for i in range(7)]
+    store.append(_sample(7, IDS))
     store.close()
-    assert on_disk() == ([str(i) for i in range(7)], ["0", "2", "3", "4", "5", "6"])
-    assert load_samples(run)[("s", "6", 0)].logprobs == IDS
+    assert on_disk() == ([str(i) for i in range(8)], ["0", "2", "3", "4", "5", "6", "7"])
+    assert load_samples(run)[("s", "7", 0)].logprobs == IDS
 
 
 def test_store_writes_token_rows_beside_readable_lines_and_resumes(tmp_path) -> None:

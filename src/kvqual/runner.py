@@ -328,7 +328,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
     async def flush_while_waiting() -> None:  # answers written within a second, however slow the next one is
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
-            store.flush_due()
+            store.flush()
 
     status = "incomplete"
     scraper = Scraper(plan.target.base_urls, plan.target.api_key())

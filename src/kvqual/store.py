@@ -1,7 +1,7 @@
 """The results store: `results/<run-id>/manifest.json` + `samples.jsonl`, resumable.
 
 samples.jsonl is append-only. Answers are written in groups: up to FLUSH_ROWS of them, none held
-longer than FLUSH_SECONDS (the runner also flushes an idle store that often), each group's token
+longer than FLUSH_SECONDS (the runner flushes the store that often while it waits), each group's token
 rows as one Arrow batch, flushed, and then its lines, flushed: a line on disk always has its row.
 A run killed at any point keeps every answer of the groups written, and loses at most the last
 second's answers (asked again on resume); one stopped by Ctrl-C or SIGTERM, or ending, writes all.
@@ -303,8 +303,8 @@ class RunStore:
         self.done = set(kept)
 
     def append(self, sample: Sample) -> None:
-        """Take an answer; it is on disk by the next `flush` (at FLUSH_ROWS answers, an answer
-        FLUSH_SECONDS old, `flush_due`, or `close`)."""
+        """Take an answer; it is on disk by the next `flush`: at FLUSH_ROWS answers, on the next
+        answer once it is FLUSH_SECONDS old, by the runner's flush every FLUSH_SECONDS, or on close."""
         assert self._fh is not None and self._tokens is not None
         if not self._pending:
             self._since = time.monotonic()
@@ -314,14 +314,11 @@ class RunStore:
         if len(self._pending) >= FLUSH_ROWS or time.monotonic() - self._since >= FLUSH_SECONDS:
             self.flush()
 
-    def flush_due(self) -> None:
-        """Write what waits if it has waited FLUSH_SECONDS (called by the runner while it waits on servers)."""
-        if self._pending and time.monotonic() - self._since >= FLUSH_SECONDS:
-            self.flush()
-
     def flush(self) -> None:
         """The waiting answers to disk: their token rows first (one batch), then their lines."""
         assert self._fh is not None and self._tokens is not None
+        if not self._pending:
+            return
         pending, self._pending = self._pending, []
         self._tokens.append_rows([(s.key, s.logprobs) for s in pending if s.logprobs is not None])
         self._fh.write("".join(map(sample_line, pending)))
@@ -333,7 +330,7 @@ class RunStore:
     def close(self) -> None:
         """Write what waits, close the files and free the run folder for the next writer."""
         try:
-            if self._pending and self._fh is not None:
+            if self._fh is not None:
                 self.flush()
         finally:
             if self._fh is not None:
