@@ -138,8 +138,8 @@ def _float32(values: pa.Array) -> pa.Array:
 def rows_batch(rows: Sequence[Row]) -> pa.RecordBatch:
     """Records as one batch, built from flat arrays over all its rows in C-level passes: one
     `pa.array` a column for the whole batch, not one an answer (nested Python lists through
-    `from_pydict` cost ~2 ms per 256 × top-5 answer; building rows one at a time ~140 us an answer,
-    a batch of 64 ~85; this is the runner's hot path, docs/performance.md). The top-k maps are read
+    `from_pydict` cost ~2 ms per 256 × top-5 answer; a row at a time ~140 us an answer, a batch
+    of 64 ~100 us a row; this is the runner's hot path, docs/performance.md). The top-k maps are read
     where they are (keys chained), never copied; their values are the lists the finite check
     chained (`TokenLogprobs.top_values`). Rows whose token ids came with the answer and rows whose
     ids are read off `token_id:N` strings are built in runs of one kind, kept in order."""
@@ -150,7 +150,7 @@ def rows_batch(rows: Sequence[Row]) -> pa.RecordBatch:
             if i == len(rows) or given[i] != given[start]:
                 runs.append(rows_batch(rows[start:i]))
                 start = i
-        return pa.concat_batches(runs)
+        return pa.Table.from_batches(runs).combine_chunks().to_batches()[0]  # (pa.concat_batches: pyarrow >= 19)
     typ, lps = _FIELD_TYPES, [lp for _, lp in rows]
     tok_offsets = _offsets_of(_lengths(lp.tokens for lp in lps))
     tokens = pa.array(list(chain.from_iterable(lp.tokens for lp in lps)), type=pa.string())
