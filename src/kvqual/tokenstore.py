@@ -85,11 +85,13 @@ def _lengths(seqs: Iterable) -> np.ndarray:
     return np.fromiter(map(len, seqs), dtype=np.int64)
 
 
-def _all_per_row(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per row, whether every flag of its slice `offsets[i]:offsets[i + 1]` holds (an empty one: True)."""
+def all_per_segment(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """For each segment of `flags` (the next `lengths[i]` of them), whether every flag is set (an
+    empty segment: True). Also the judge's per-pair test (compare/positions.py)."""
     misses = np.zeros(len(flags) + 1, dtype=np.int64)
     np.cumsum(~flags, out=misses[1:])
-    return misses[offsets[1:]] == misses[offsets[:-1]]
+    ends = np.cumsum(lengths)
+    return misses[ends] == misses[ends - lengths]
 
 
 def _id_rows(strings: pa.Array, offsets: np.ndarray, firsts: Iterable[str | None]) -> np.ndarray:
@@ -100,7 +102,7 @@ def _id_rows(strings: pa.Array, offsets: np.ndarray, firsts: Iterable[str | None
     lengths = np.diff(offsets)
     if not any(f.startswith(ID_PREFIX) for f in firsts if f is not None):
         return lengths == 0
-    return _all_per_row(pc.match_substring_regex(strings, _ID_STRING).to_numpy(zero_copy_only=False), offsets)
+    return all_per_segment(pc.match_substring_regex(strings, _ID_STRING).to_numpy(zero_copy_only=False), lengths)
 
 
 def _ids(strings: pa.Array) -> pa.Array:
@@ -164,7 +166,7 @@ def rows_batch(rows: Sequence[Row]) -> pa.RecordBatch:
             read, _ = _kept(tokens, tok_offsets, tokens_are_ids)
             sent, _ = _kept(token_ids, _offsets_of(id_lengths), tokens_are_ids)
             equal = pc.equal(_ids(read), sent).to_numpy(zero_copy_only=False)
-            tokens_are_ids[tokens_are_ids] = _all_per_row(equal, _offsets_of(id_lengths[tokens_are_ids]))
+            tokens_are_ids[tokens_are_ids] = all_per_segment(equal, id_lengths[tokens_are_ids])
     else:  # read off the strings, where every one is an id
         read, id_lengths = _kept(tokens, tok_offsets, id_rows)
         token_ids, ids_valid, tokens_are_ids = _ids(read), id_rows, id_rows

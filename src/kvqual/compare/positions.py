@@ -328,16 +328,6 @@ def _gather(starts: np.ndarray, rows: np.ndarray, lengths: np.ndarray) -> np.nda
     return starts[rows][seg] + within
 
 
-def _per_pair_all(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """For each pair's segment of `flags`, whether every flag is set (empty segments: True)."""
-    bad = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=bad[1:])
-    counts = np.add.reduceat(~flags, bad[:-1][lengths > 0]) if flags.size else np.zeros(0, np.int64)
-    out = np.ones(lengths.size, dtype=bool)
-    out[lengths > 0] = counts == 0
-    return out
-
-
 def first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
     """`tokens.first_divergence` on code arrays."""
     n = min(a.size, b.size)
@@ -480,7 +470,8 @@ def compare_forced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> PairP
     agree = np.zeros(len(keys), dtype=bool)
     for lo, hi in _pair_chunks(n):
         m = n[lo:hi]
-        agree[lo:hi] = _per_pair_all(a.tokens[_gather(a.starts, ra[lo:hi], m)] == b.tokens[_gather(b.starts, rb[lo:hi], m)], m)
+        same = a.tokens[_gather(a.starts, ra[lo:hi], m)] == b.tokens[_gather(b.starts, rb[lo:hi], m)]
+        agree[lo:hi] = tokenstore.all_per_segment(same, m)
     agree &= same_len & (la > 0)
     differ = {k for k, ok in zip(keys, agree) if not ok}
     kept = [k for k, ok in zip(keys, agree) if ok]
@@ -534,7 +525,7 @@ def kl_upto(a: TokenArrays, b: TokenArrays, upto: Mapping[Key, int]) -> dict[Key
     ia, ib = _gather(a.starts, ra, n), _gather(b.starts, rb, n)
     last = np.zeros(ia.size, dtype=bool)
     last[np.cumsum(n)[n > 0] - 1] = True  # each key's last compared position: its token may differ
-    ok &= _per_pair_all((a.tokens[ia] == b.tokens[ib]) | last, n)
+    ok &= tokenstore.all_per_segment((a.tokens[ia] == b.tokens[ib]) | last, n)
     kl = topk_kl(a.top_codes[ia], a.top_lp[ia], b.top_codes[ib], b.top_lp[ib]) if ia.size else np.zeros(0)
     starts = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum(n, out=starts[1:])
@@ -554,7 +545,7 @@ def reproduced(a: TokenArrays, b: TokenArrays, keys: Sequence[Key]) -> dict[Key,
     k = max(a.top_codes.shape[1], b.top_codes.shape[1])
     same &= (_pad(a.top_codes[ia], k, PAD) == _pad(b.top_codes[ib], k, PAD)).all(axis=1)
     same &= (_pad(a.top_lp[ia], k, -np.inf) == _pad(b.top_lp[ib], k, -np.inf)).all(axis=1)
-    ok = _per_pair_all(same, n) & (la == lb)
+    ok = tokenstore.all_per_segment(same, n) & (la == lb)
     return dict(zip(keys, ok.tolist()))
 
 
