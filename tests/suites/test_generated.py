@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 from collections import defaultdict
 
@@ -31,13 +32,75 @@ def test_same_seed_same_bytes_other_seed_other_items(name: str) -> None:
     assert jsonl(name, 7, 3) == "".join(a.splitlines(keepends=True)[:3])
 
 
-def test_pinned_digest_of_default_seed() -> None:
-    """Guards byte-identity across Python runs (str-seeded random is platform-stable)."""
+def test_pinned_items_of_default_seed() -> None:
+    """Guards byte-identity across Python runs and platforms (blake2b and str-seeded random are stable)."""
     text = jsonl("arith", 0, 5)
     assert text.splitlines()[0] == (
-        '{"id":"arith-0000","messages":[{"role":"user","content":"What is 9 + 3? Answer with the '
-        'number only."}],"answer":"12","scorer":"number","max_tokens":48,"category":"add1"}')
-    assert len(hashlib.sha256(text.encode()).hexdigest()) == 64
+        '{"id":"arith-0000","messages":[{"role":"user","content":"Compute 4 + 5. Write only the result '
+        'as a number."}],"answer":"9","scorer":"number","max_tokens":48,"category":"add1"}')
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "614ad6777945d120"
+    assert generate("passkey", seed=0, limit=1)[0].answer == "74264"
+    assert hashlib.sha256(jsonl("passkey", 0, 3).encode()).hexdigest()[:16] == "61cd78f028ecbb6e"
+
+
+def _prompt_key(item) -> str:
+    """What the server sees: the rendered messages (or the prompt)."""
+    return json.dumps(item.messages if item.messages is not None else item.prompt, sort_keys=True)
+
+
+DISTINCT_N = 4096  # items a seeded suite must give with pairwise-distinct prompts
+
+
+@pytest.mark.parametrize("seed", [0, 1234])
+@pytest.mark.parametrize("name", SEEDED)
+def test_the_first_4096_prompts_are_distinct_and_each_item_stands_alone(name: str, seed: int) -> None:
+    suite = BUILTIN_SUITES[name]
+    digests = set()
+    for i in range(DISTINCT_N):  # one item at a time: a pure function of (seed, i)
+        digests.add(hashlib.sha256(_prompt_key(suite.make(name, seed, i)).encode()).digest())
+    assert len(digests) == DISTINCT_N
+    # the first k items of the suite are items 0..k-1 made alone
+    assert generate(name, seed=seed, limit=40) == [suite.make(name, seed, i) for i in range(40)]
+    assert generate(name, seed=seed, limit=12) == generate(name, seed=seed, limit=40)[:12]
+
+
+@pytest.mark.parametrize("name", SEEDED)
+def test_every_category_space_holds_4096_items_and_a_suite_raises_past_its_space(name: str) -> None:
+    suite = BUILTIN_SUITES[name]
+    assert suite.distinct is not None and suite.distinct >= DISTINCT_N, (
+        f"{name}: only its first {suite.distinct} items have distinct prompts; widen the smallest space")
+    suite.make(name, 5, suite.distinct - 1)  # the last distinct item exists
+    with pytest.raises(UsageError, match="distinct .* never repeated"):
+        suite.make(name, 5, suite.distinct)  # the next would repeat a prompt: refused, for any seed
+    with pytest.raises(UsageError, match=f"has {suite.distinct:,} items with distinct prompts, asked for"):
+        generate(name, limit=suite.distinct + 1)
+
+
+def test_a_category_space_too_small_raises_instead_of_repeating(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one way of asking instead of four: sub1's 36 facts x 8 questions = 288 prompts, so arith's
+    # 1,442nd item (i = 5 * 288 + 2) would be a repeat
+    monkeypatch.setattr(generated, "_ARITH_ASKS", ("Answer with the number only.",))
+    make = BUILTIN_SUITES["arith"].make
+    prompts = {_prompt_key(make("arith", 0, i)) for i in range(5 * 288 + 2)}
+    assert len(prompts) == 5 * 288 + 2
+    with pytest.raises(UsageError, match="has 288 distinct 'sub1' prompts, and item 1442 would repeat one"):
+        make("arith", 0, 5 * 288 + 2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 36, 100, 4097])
+def test_permute_is_a_bijection(n: int) -> None:
+    order = [generated._permute(j, n, "k", 1) for j in range(n)]
+    assert sorted(order) == list(range(n))
+    if n > 2:  # another key, another order
+        assert order != [generated._permute(j, n, "k", 2) for j in range(n)]
+
+
+def test_combo_is_a_bijection_whose_first_dimension_moves_fastest() -> None:
+    sizes = (5, 3, 4)
+    combos = [generated._combo(j, sizes, "k") for j in range(60)]
+    assert sorted(combos) == sorted((a, b, c) for a in range(5) for b in range(3) for c in range(4))
+    for run in range(12):  # each run of 5 takes every value of the first dimension once
+        assert sorted(c[0] for c in combos[5 * run:5 * run + 5]) == list(range(5))
 
 
 @pytest.mark.parametrize("name", SEEDED)
@@ -75,9 +138,9 @@ def test_passkey_lengths_and_depths() -> None:
 
 
 def test_shared_documents_share_a_context_id() -> None:
-    for name, per_doc in (("needles", 3), ("kv_recall", 2)):
+    for name, per_doc in (("needles", 3), ("kv_recall", 2), ("shared_prefix", 4)):
         groups: dict[str, list] = defaultdict(list)
-        for it in generate(name, seed=0):
+        for it in generate(name, seed=0, limit=per_doc * 50):
             groups[it.context_id].append(it)
         assert all(len(g) == per_doc for g in groups.values())
         for g in groups.values():
@@ -87,10 +150,18 @@ def test_shared_documents_share_a_context_id() -> None:
     assert all(it.context_id is None for it in generate("arith"))
 
 
-def test_arith_answers_are_right() -> None:
-    for it in generate("arith", seed=5):
-        a, op, b = re.search(r"What is (\d+) ([-+*]) (\d+)\?", it.messages[0]["content"]).groups()
+def test_arith_answers_are_right_and_stay_1_to_2_digit_arithmetic() -> None:
+    for it in generate("arith", seed=5, limit=2000):
+        a, op, b = re.search(r"(\d+) ([-+*]) (\d+)[?. ]", it.messages[0]["content"]).groups()
         assert int(it.answer) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+        assert max(len(a), len(b)) <= 2 and 0 < int(it.answer) <= 99 + 9, it.messages[0]["content"]
+
+
+@pytest.mark.parametrize("name", ["arith", "instruct", "long_decode"])
+def test_every_phrasing_keeps_an_answer_that_scores(name: str) -> None:
+    for it in generate(name, seed=9, limit=1500):
+        if scorers.needs_answer(it.scorer or "exact", it.scorer_params):
+            assert scorers.score(it, it.answer) == 1.0, it.id
 
 
 def _profile_items(profile: str) -> list:
