@@ -87,7 +87,9 @@ def test_profile_and_category_specs_resolve():
     suites = load_suites(["profile:default"], seed=0, limit=None)
     by_name = {s.ref.name: s for s in suites}
     assert by_name["passkey"].ref.source == "builtin:passkey[len512,len1024]?seed=0"
-    assert by_name["passkey"].ref.n_items == 8
+    assert by_name["passkey"].ref.n_items == 128
+    assert sum(s.ref.n_items for s in suites) == 1984
+    assert [s.ref.n_items for s in load_suites(["profile:quick"], seed=0, limit=None)] == [8, 6, 24, 16, 40, 30]
     assert {it.category for it in by_name["passkey"].items} == {"len512", "len1024"}
     assert by_name["arith"].ref.source == "builtin:arith?seed=0"
     # --limit caps each entry; the spec form works on its own too

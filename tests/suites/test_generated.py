@@ -6,7 +6,7 @@ import argparse
 import hashlib
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 
@@ -168,17 +168,36 @@ def _profile_items(profile: str) -> list:
     return [it for name, n, cats in PROFILES[profile] for it in generate(name, limit=n, categories=cats)]
 
 
-def test_profiles_name_real_suites_and_default_is_small() -> None:
+def test_profiles_name_real_suites_and_quick_is_small() -> None:
     for mix in PROFILES.values():
         assert all(name in BUILTIN_SUITES and n > 0 for name, n, _ in mix)
-    items = _profile_items("default")
-    assert len(items) == sum(n for _, n, _ in PROFILES["default"])  # every entry finds its n items
+    items = _profile_items("quick")
+    assert len(items) == sum(n for _, n, _ in PROFILES["quick"]) == 124  # every entry finds its n items
     assert sum(it.max_tokens for it in items) <= 10_000  # the most one arm can generate
     # prompt tokens are what a CPU compare spends its time on (6 prefills of each prompt)
     prompt_tokens = sum(len(m["content"]) for it in items for m in it.messages) / CHARS_PER_TOKEN
     assert prompt_tokens <= 16_000
-    assert "passkey_long" not in {name for name, _, _ in PROFILES["default"]}
+    assert "passkey_long" not in {name for name, _, _ in PROFILES["quick"]}
     assert max(it.meta["length_tokens"] for it in items if it.suite in ("passkey", "needles")) <= 1024
+
+
+def test_default_is_a_pool_of_16_quick_mixes_with_distinct_prompts() -> None:
+    quick, pool = PROFILES["quick"], PROFILES["default"]
+    assert [(name, cats) for name, _, cats in pool] == [(name, cats) for name, _, cats in quick]
+    assert [n for _, n, _ in pool] == [16 * n for _, n, _ in quick] == [128, 96, 384, 256, 640, 480]
+    items = _profile_items("default")
+    assert len(items) == 1984 == 124 * 16  # the gate's last look
+    assert len({_prompt_key(it) for it in items}) == 1984
+    by_suite = Counter(it.suite for it in items)
+    assert {name: by_suite[name] / 1984 for name, _, _ in quick} == {name: n / 124 for name, n, _ in quick}
+    # each entry's categories, in the proportions the suite cycles them
+    assert {it.category for it in items if it.suite == "passkey"} == {"len512", "len1024"}
+    assert Counter(it.category for it in items if it.suite == "arith") == dict.fromkeys(generated.ARITH_FACTS, 128)
+    assert Counter(it.category for it in items if it.suite == "instruct") == dict.fromkeys(generated.INSTRUCT_KINDS, 96)
+    assert max(it.meta["length_tokens"] for it in items if it.suite in ("passkey", "needles")) <= 1024
+    # the quick mix is the head of each of the pool's entries: the same items
+    pool_ids = {it.id for it in items}
+    assert all(it.id in pool_ids for it in _profile_items("quick"))
 
 
 def test_category_filter_keeps_the_full_suites_items() -> None:
@@ -211,7 +230,10 @@ def test_cli_lists_suites(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for suite in BUILTIN_SUITES.values():
         assert re.search(rf"^{suite.name}\s+{suite.default_n}\s+\S", out, re.M)
-    assert re.search(r"^profile default \(124 items\): 8×passkey\[len512,len1024\], 6×needles\[len512\], ", out, re.M)
+    assert re.search(r"^profile default \(1984 items\): 128×passkey\[len512,len1024\], 96×needles\[len512\], "
+                     r"384×kv_recall, 256×long_decode, 640×arith, 480×instruct$", out, re.M)
+    assert re.search(r"^profile quick \(124 items\): 8×passkey\[len512,len1024\], 6×needles\[len512\], ", out, re.M)
+    assert re.search(r"^arith\s+50\s+5,762\s+number ", out, re.M)  # how many items are distinct
     assert "profile thorough (502 items):" in out
 
 

@@ -448,12 +448,20 @@ BUILTIN_SUITES: dict[str, BuiltinSuite] = {
 # item of `default` is the same item in `thorough`.
 ProfileEntry = tuple[str, int, tuple[str, ...]]
 
+QUICK_MIX: tuple[ProfileEntry, ...] = (
+    ("passkey", 8, ("len512", "len1024")), ("needles", 6, ("len512",)), ("kv_recall", 24, ()),
+    ("long_decode", 16, ()), ("arith", 40, ()), ("instruct", 30, ()))
+POOL_SCALE = 16  # the default pool is 16 quick mixes: the gate's looks at 124, 248, ..., 1,984 items
+
 PROFILES: dict[str, tuple[ProfileEntry, ...]] = {
-    # a few minutes for `compare` on the embedded default (2 CPU cores): prompt tokens are the
-    # cost (prefilled by three runs and three teacher-forcing passes), so the long-context
-    # suites keep their 512/1K-token items; 2K-token pass keys (bf16 gets 0/6) stay in thorough.
-    "default": (("passkey", 8, ("len512", "len1024")), ("needles", 6, ("len512",)),
-                ("kv_recall", 24, ()), ("long_decode", 16, ()), ("arith", 40, ()), ("instruct", 30, ())),
+    # the pool a compare draws its seeded order from: the quick mix's suites, categories and
+    # proportions at 16x (1,984 items, every prompt distinct); the long-context suites keep their
+    # 512/1K-token items, 2K-token pass keys (bf16 gets 0/6) stay in thorough
+    "default": tuple((name, POOL_SCALE * n, cats) for name, n, cats in QUICK_MIX),
+    # the small mix (124 items) for smoke runs and tests: a few minutes for `compare` on the
+    # embedded default (2 CPU cores), where prompt tokens are the cost (prefilled by three runs
+    # and three teacher-forcing passes)
+    "quick": QUICK_MIX,
     # the cache-path probe (docs/cache.md): 12 shared documents, 4 questions each
     "cache": (("shared_prefix", 48, ()),),
     # long generation (docs/longgen.md): the shipped training prompts of the categories on which the
@@ -523,9 +531,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`kvqual suites`: print the built-ins and profiles, or write one suite (--write)."""
     if args.write is None:
-        print(f"{'suite':<13} {'items':>5}  {'scorer':<12} probes")
+        print(f"{'suite':<13} {'items':>5} {'distinct':>9}  {'scorer':<12} probes")
         for s in BUILTIN_SUITES.values():
-            print(f"{s.name:<13} {s.default_n:>5}  {s.scorer:<12} {s.description}")
+            distinct = f"{s.distinct:,}" if s.distinct is not None else "-"
+            print(f"{s.name:<13} {s.default_n:>5} {distinct:>9}  {s.scorer:<12} {s.description}")
         for profile, mix in PROFILES.items():
             total = sum(n for _, n, _ in mix)
             print(f"profile {profile} ({total} items): "
