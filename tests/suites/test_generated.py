@@ -76,6 +76,13 @@ def test_every_category_space_holds_4096_items_and_a_suite_raises_past_its_space
         generate(name, limit=suite.distinct + 1)
 
 
+def test_a_category_filter_stops_at_the_suites_distinct_items() -> None:
+    sub1 = generate("arith", categories=("sub1",), limit=1152)  # 36 facts x 32 phrasings, all of them
+    assert len({_prompt_key(it) for it in sub1}) == 1152
+    with pytest.raises(UsageError, match="has 1,152 items of sub1 among its 5,762 items with distinct prompts"):
+        generate("arith", categories=("sub1",), limit=1153)
+
+
 def test_a_category_space_too_small_raises_instead_of_repeating(monkeypatch: pytest.MonkeyPatch) -> None:
     # one way of asking instead of four: sub1's 36 facts x 8 questions = 288 prompts, so arith's
     # 1,442nd item (i = 5 * 288 + 2) would be a repeat
