@@ -240,31 +240,77 @@ def test_hall_transform_is_inverted_exactly_and_corrects_toward_the_skew() -> No
     assert cluster_skewness(np.r_[x, x], np.r_[np.arange(500), np.arange(500)]) == pytest.approx(cluster_skewness(x))
 
 
-def test_null_scaled_z_takes_the_se_the_values_would_have_on_the_bound() -> None:
-    """Floor 0: the candidate rescaled to mean b has SD b·s/c̄, so z = (c̄ − b)/(b·s/(c̄·√n))."""
-    c = np.random.default_rng(5).lognormal(-3, 1, 60)
-    b = 0.08
-    s, n, mean = float(c.std(ddof=1)), c.size, float(c.mean())
-    assert st.null_scaled_z(c, np.zeros(n), b, hall=False) == pytest.approx((mean - b) / (b * s / (mean * math.sqrt(n))))
-    # right-skewed values whose mean sits below the bound: the null SE is the larger, the evidence weaker than t says
-    t = (mean - b) / (s / math.sqrt(n))
-    assert mean < b and st.null_scaled_z(c, np.zeros(n), b, hall=False) > t
-    # clusters: two copies of each unit are one unit, and the statistic is the unclustered one
-    twice = np.r_[c, c]
-    ids = np.r_[np.arange(n), np.arange(n)]
-    assert st.null_scaled_z(twice, np.zeros(2 * n), b, ids, hall=False) == pytest.approx(
-        st.null_scaled_z(c, np.zeros(n), b, hall=False))
+def test_betting_bound_is_finite_where_nearly_nothing_varies() -> None:
+    """The GPU A/A: 123 of 124 per-item values exactly 0. The bound exists; with no spread it is
+    about cap·log(1/α)/(c·n) (the bets grow the capital by 1 + c·m/(cap − m) per item at most), and
+    unlike a scale-free statistic it depends on how much the one item differs, not only that it does."""
+    level, cap = 0.0193, 0.12
+    zeros = st.UpperBet(np.zeros(124), cap, level=level).upper()
+    assert math.isfinite(zeros) and zeros == pytest.approx(cap * math.log(1 / level) / (st.BET_TRUNCATION * 124), rel=0.03)
+    bounds = [st.UpperBet(np.r_[np.zeros(123), v], cap, level=level).upper() for v in (1e-6, 1e-4, 4e-3, 0.1)]
+    assert all(math.isfinite(b) for b in bounds) and bounds == sorted(bounds) and bounds[-1] > bounds[0] * 1.2
+    assert bounds[0] == pytest.approx(zeros, rel=1e-3)  # an item 1e-6 apart weighs as little as it differs
+    with pytest.raises(ValueError, match="above the cap"):
+        st.UpperBet(np.r_[0.0, 0.2], cap)
 
 
-def test_null_scaled_upper_inverts_the_statistic() -> None:
-    rng = np.random.default_rng(6)
-    c, f = rng.gamma(0.8, 0.01, 80), rng.gamma(0.8, 0.004, 80)
-    for hall in (False, True):
-        high = st.null_scaled_upper(c, f, 0.05, 79, hall=hall)
-        assert high > float(c.mean() - f.mean())
-        assert st.null_scaled_z(c, f, high, hall=hall) == pytest.approx(-stats.t.isf(0.05, 79), abs=1e-6)
-    # too few, too spread values: no bound is ever shown, the upper bound is infinite
-    assert st.null_scaled_upper(np.r_[0.0, 0.0, 1.0], np.zeros(3), 0.01, 2, hall=False) == math.inf
+def test_betting_bound_inverts_its_test_and_ignores_cluster_copies() -> None:
+    rng = np.random.default_rng(11)
+    x = np.minimum(rng.lognormal(-5.5, 1.0, 300), 0.12) - rng.gamma(0.5, 0.001, 300)  # excess over a floor: some < 0
+    bet = st.UpperBet(x, 0.12, level=0.05)
+    upper = bet.upper()
+    assert x.mean() < upper < 0.12
+    assert bet.p_value(upper) == pytest.approx(0.05, rel=1e-6)
+    assert bet.p_value(upper * 1.05) < 0.05 < bet.p_value(upper * 0.95)
+    # a unit sent twice (two repeats in one cluster) is still one unit of evidence
+    twice = st.UpperBet(np.repeat(x, 2), 0.12, np.repeat(np.arange(300), 2), level=0.05)
+    assert twice.upper() == pytest.approx(upper, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "lognormal"])
+def test_betting_bound_covers_the_mean_at_any_skew(kind: str) -> None:
+    """Ville's inequality: the bound is below the true mean in at most α of samples, for any values
+    ≤ cap. Checked on the worst case for a bounded mean (two points, 0 and the cap, rare) and on a
+    heavy right skew, at n = 60, 1,500 samples each (Monte Carlo SE ≈ 0.006 at 0.05)."""
+    rng = np.random.default_rng(12)
+    cap, n, sims, level = 1.0, 60, 1500, 0.05
+    if kind == "bernoulli":
+        truth, draw = 0.03, lambda: (rng.random(n) < 0.03) * cap
+    else:
+        raw = rng.lognormal(-4.0, 1.5, 2_000_000)
+        truth, draw = float(np.minimum(raw, cap).mean()), lambda: np.minimum(rng.lognormal(-4.0, 1.5, n), cap)
+    below = sum(st.UpperBet(draw(), cap, level=level).upper() < truth for _ in range(sims))
+    assert below / sims <= level + 0.01
+
+
+def test_stratified_score_test_is_tango_in_one_stratum_and_holds_its_size_at_the_margin() -> None:
+    t = st.PairedCounts(59, 6, 16, 80)  # the Cavo et al. table: the stratified test of one stratum is Tango's
+    assert st.stratified_score_z([t], [1.0], -0.05) == pytest.approx(st.tango_z(t, -0.05))
+    ci, tango = st.stratified_score_ci([t], [1.0], 0.95), st.tango_ci(t, 0.95)
+    assert (ci.low, ci.high) == pytest.approx((tango.low, tango.high), abs=1e-9)
+    # Tango's closed-form restricted MLE is the constrained multinomial MLE (checked numerically)
+    from scipy import optimize as opt
+    a, b, c, d = 40, 9, 3, 48
+    d0 = -0.05
+
+    def nll(q21: float) -> float:
+        q12 = q21 + d0
+        rest = 1 - q12 - q21
+        return -(b * math.log(q21) + c * math.log(q12) + (a + d) * math.log(rest))
+
+    q = opt.minimize_scalar(nll, bounds=(-d0 + 1e-9, (1 - d0) / 2 - 1e-9), method="bounded",
+                            options={"xatol": 1e-12}).x
+    assert st.tango_unit_variance(st.PairedCounts(a, b, c, d), d0) == pytest.approx(2 * q + d0 * (1 - d0), rel=1e-6)
+    # size at the margin: two suites whose true difference is exactly −5 points, 248 items
+    rng = np.random.default_rng(13)
+    sims, rejected = 2000, 0
+    for _ in range(sims):
+        tables = []
+        for n, p_b in ((100, 0.08), (148, 0.06)):  # right→wrong p_b, wrong→right p_b − 0.05
+            cells = rng.multinomial(n, [0.45, p_b, p_b - 0.05, 0.55 - 2 * p_b + 0.05])
+            tables.append(st.PairedCounts(*[int(k) for k in cells]))
+        rejected += st.norm_sf(st.stratified_score_z(tables, [100 / 248, 148 / 248], -0.05)) < 0.05
+    assert rejected / sims <= 0.05 + 0.012
 
 
 def test_generation_metrics_report_length_quantiles_and_distinct2():

@@ -1,7 +1,7 @@
 """The sequential compare: rounds of items on both arms, judged after each, until decided or a budget is spent.
 
-Round k covers the first sizes[k] items of the seeded item order (gate.look_sizes: equal
-shares of the pool, `[gate] looks` of them; 1 = fixed-n). Each round runs the baseline, its
+Round k covers the first sizes[k] items of the seeded item order (gate.look_sizes: 124 items,
+then twice as many at each look up to the pool, at most `[gate] looks` of them; 1 = fixed-n). Each round runs the baseline, its
 A/A generation replicate (the `aa_fraction` share of the round's items), teacher forcing of
 the baseline's completions on the baseline (plus the A/A pass, which stops once a deterministic
 server has reproduced it bit for bit) and on the candidate, every scoring server under one prompt
@@ -71,7 +71,7 @@ class Compare:
         self.order = item_order(self.items, run.seed)
         pool = len(self.order) if run.max_items is None else min(run.max_items, len(self.order))
         self.pool = pool
-        self.sizes = look_sizes(pool, config.gate.looks)
+        self.sizes = look_sizes(pool, config.gate.looks, config.gate.first_look)
         self.root = Path(run.results_dir)
         self.state = CompareState()
         self.started = time.monotonic()

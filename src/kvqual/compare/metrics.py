@@ -18,7 +18,7 @@ import numpy as np
 from kvqual.compare import positions as pos
 from kvqual.compare import stats as st
 from kvqual.compare import tokens as tk
-from kvqual.compare.teacher import Forced
+from kvqual.compare.teacher import FAILED, Forced
 from kvqual.gate import (AccuracyPairs, CachePairs, GateInputs, LengthPairs, RatePairs, RequestCounts,
                          TokenCoverage, TokenPairs)
 from kvqual.gate.criteria import CONTEXT_PREFIX
@@ -515,7 +515,8 @@ def _token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tu
             reasons["no A/A teacher-forcing pass"] += 1
             continue
         rows.append((k, ab[0], aa[0], ab[1], aa[1]))
-    coverage = TokenCoverage(True, len(keys), len(rows), reasons)
+    failed = sum(n for why, n in reasons.items() if str(why).startswith(FAILED))
+    coverage = TokenCoverage(True, len(keys), len(rows), reasons, failed)
     if len(rows) < 2:
         return None, coverage
     note = (f"A/A floor: the second pass reproduced the first bit for bit on {len(again)} items, so the floor is 0"

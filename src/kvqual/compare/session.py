@@ -116,8 +116,8 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
 
     The gate replays the looks of a sequential compare: at look k it judges the first sizes[k]
     items of the seeded item order (runner.item_order), as the compare did after each round.
-    `plan` ({"pool", "sizes", "stop"}) comes from the compare; without it the looks are
-    `policy.looks` equal shares of the items the candidate answered."""
+    `plan` ({"pool", "sizes", "stop"}) comes from the compare; without it the looks are the
+    geometric schedule (`look_sizes`) over the items the candidate answered."""
     from kvqual.gate import decide_sequence, look_sizes
     from kvqual.runner import item_order
 
@@ -147,7 +147,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     answered = {(k[0], k[1]) for k in cand_s}
     if plan is None:
         pool = len(answered & set(order))
-        plan = {"pool": pool, "sizes": look_sizes(pool, policy.looks), "stop": None}
+        plan = {"pool": pool, "sizes": look_sizes(pool, policy.looks, policy.first_look), "stop": None}
     prefix = next((i for i, k in enumerate(order) if k not in answered), len(order))  # items both arms reached
     sizes = [n for n in plan["sizes"] if n <= prefix] or [prefix]
     judged = set(order[: sizes[-1]])
@@ -181,11 +181,13 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         elif policy.min_speedup is not None and tb.size >= 2:
             look = replace(look, base_throughput=tb, cand_throughput=tc)
         looks.append((n, look))
-    verdict = decide_sequence(policy, looks, seed)
+    verdict = decide_sequence(policy, looks, seed, planned=plan["sizes"])
     vjson = verdict.to_json()
     taken = len(verdict.looks)
     stop = _stop_reason(verdict.verdict, taken, sizes, plan)
-    vjson["sequential"] = {**vjson.get("sequential", {}), "pool": plan["pool"], "sizes": list(plan["sizes"]),
+    vjson["sequential"] = {**vjson.get("sequential", {}), "planned_looks": len(plan["sizes"]),
+                           "max_looks": policy.looks, "first_look": policy.first_look,
+                           "pool": plan["pool"], "sizes": list(plan["sizes"]),
                            "nominal_alpha": mx._r(verdict.criteria[0].level or policy.alpha, 6), "stop": stop,
                            "overlap": bool(plan.get("overlap"))}
     if verdict.verdict == "INCONCLUSIVE":
@@ -264,7 +266,7 @@ def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
         seq = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))["verdict"].get("sequential") or {}
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not seq.get("sizes") or seq.get("planned_looks") != policy.looks:
+    if not seq.get("sizes") or (seq.get("max_looks"), seq.get("first_look")) != (policy.looks, policy.first_look):
         return None
     stop = seq.get("stop") or ""
     return {"pool": seq["pool"], "sizes": seq["sizes"], "overlap": bool(seq.get("overlap")),

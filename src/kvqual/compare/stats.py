@@ -19,10 +19,11 @@ from scipy import optimize, special, stats
 
 __all__ = [
     "Interval", "PairedCounts", "MeanDiff", "TestResult", "NonInferiority",
-    "paired_counts", "mcnemar_exact_p", "tango_ci", "tango_z", "newcombe_ci",
+    "paired_counts", "mcnemar_exact_p", "tango_ci", "tango_z", "tango_unit_variance",
+    "stratified_score_z", "stratified_score_ci", "newcombe_ci",
     "paired_noninferiority", "mean_ci", "paired_mean_diff", "paired_bootstrap_ci",
     "sample_size", "n_more_to_decide", "hall_transform", "hall_inverse", "cluster_skewness", "ratio_of_means_ci", "wilcoxon_signed_rank",
-    "hodges_lehmann", "ks_two_sample", "ks_gap", "Estimate", "fieller_ratio_ci", "fieller_t", "holm_adjust", "wilson_ci", "clopper_pearson_ci",
+    "hodges_lehmann", "UpperBet", "ks_two_sample", "ks_gap", "Estimate", "fieller_ratio_ci", "fieller_t", "holm_adjust", "wilson_ci", "clopper_pearson_ci",
 ]
 
 
@@ -150,14 +151,22 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     return min(1.0, 2.0 * float(special.bdtr(min(b, c), b + c, 0.5)))
 
 
-def tango_z(counts: PairedCounts, delta0: float) -> float:
-    """Tango's (1998) score statistic for H0: cand − base = delta0 (positive: cand better)."""
+def tango_unit_variance(counts: PairedCounts, delta0: float) -> float:
+    """Var(cand − base) of one pair under H0: cand − base = delta0, at Tango's (1998) restricted
+    maximum-likelihood estimate q of P(base right only): 2q + delta0·(1 − delta0). Cells may be
+    fractional (a cluster counted once, its units' shares of each cell)."""
     n, x12, x21 = counts.n, counts.c, counts.b  # x12: cand right only, x21: base right only
     big_a = 2.0 * n
     big_b = -x12 - x21 + (2.0 * n - x12 + x21) * delta0
     big_c = -x21 * delta0 * (1.0 - delta0)
     q21 = (math.sqrt(max(big_b * big_b - 4.0 * big_a * big_c, 0.0)) - big_b) / (2.0 * big_a)
-    var = n * (2.0 * q21 + delta0 * (1.0 - delta0))
+    return 2.0 * q21 + delta0 * (1.0 - delta0)
+
+
+def tango_z(counts: PairedCounts, delta0: float) -> float:
+    """Tango's (1998) score statistic for H0: cand − base = delta0 (positive: cand better)."""
+    n, x12, x21 = counts.n, counts.c, counts.b
+    var = n * tango_unit_variance(counts, delta0)
     num = x12 - x21 - n * delta0
     if var <= 0.0:
         return 0.0 if num == 0 else math.copysign(math.inf, num)
@@ -178,6 +187,36 @@ def tango_ci(counts: PairedCounts, level: float = 0.95) -> Interval:
         high = 1.0
     else:
         high = optimize.brentq(lambda t: tango_z(counts, t) + z, est, hi_end, xtol=1e-12)
+    return Interval(est, float(low), float(high), level)
+
+
+def stratified_score_z(tables: list[PairedCounts], weights: ArrayLike, delta0: float) -> float:
+    """Score statistic for H0: Σ_s w_s·Δ_s = delta0 over strata s (suites) of paired binary outcomes,
+    Δ_s = cand − base accuracy in stratum s: (Σ w_s·Δ̂_s − delta0) / √(Σ w_s²·V_s/n_s), each
+    stratum's variance V_s taken under the null (`tango_unit_variance` at delta0: the common-
+    difference restriction of Miettinen–Nurminen's stratified score test, with Tango's paired
+    likelihood). A Wald statistic takes V_s at Δ̂_s instead, which is too small near the margin,
+    where most flips go one way: its size exceeds α from a few hundred items
+    (docs/calibration.md); under the null the variance is what the margin implies."""
+    w = np.asarray(weights, dtype=float)
+    num = sum(wi * t.difference for wi, t in zip(w, tables) if t.n) - delta0
+    var = sum(wi * wi * tango_unit_variance(t, delta0) / t.n for wi, t in zip(w, tables) if t.n)
+    if var <= 0.0:
+        return 0.0 if num == 0 else math.copysign(math.inf, num)
+    return num / math.sqrt(var)
+
+
+def stratified_score_ci(tables: list[PairedCounts], weights: ArrayLike, level: float = 0.95) -> Interval:
+    """The interval that inverts `stratified_score_z`: every delta0 neither one-sided test rejects."""
+    w = np.asarray(weights, dtype=float)
+    if not any(t.n for t in tables):
+        raise ValueError("no pairs")
+    z, eps = _z(level), 1e-12
+    est = float(sum(wi * t.difference for wi, t in zip(w, tables) if t.n))
+    f = lambda d: stratified_score_z(tables, w, d)  # noqa: E731  decreasing in delta0
+    lo_end, hi_end = -1.0 + eps, 1.0 - eps
+    low = -1.0 if f(lo_end) - z <= 0 else optimize.brentq(lambda d: f(d) - z, lo_end, est, xtol=1e-12)
+    high = 1.0 if f(hi_end) + z >= 0 else optimize.brentq(lambda d: f(d) + z, est, hi_end, xtol=1e-12)
     return Interval(est, float(low), float(high), level)
 
 
@@ -324,67 +363,82 @@ def cluster_skewness(values: ArrayLike, clusters: ArrayLike | None = None) -> fl
     return _skewness_of_codes(x, _as_clusters(clusters, x.size))
 
 
-def null_scaled_z(cand: ArrayLike, floor: ArrayLike, bound: float, clusters: ArrayLike | None = None,
-                  hall: bool = True) -> float:
-    """Studentized excess mean(cand − floor) − bound with its SE taken **under the null**, for
-    nonnegative per-unit values from a scale family (mean KL, top-1 disagreement).
-
-    A t statistic on right-skewed values puts its PASS side too close: a sample that missed the
-    long tail has a low mean *and* a low SD, so the upper bound is short exactly when it is
-    wrong. Like the score (Wilson) interval for a proportion, this takes the SD the values would
-    have if the null were true: the candidate's values rescaled by (mean floor + bound) / mean
-    cand, so that their excess over the floor is exactly the bound, the SE the cluster-robust SE
-    of those paired differences. A sample whose mean is low because it missed the tail keeps its
-    coefficient of variation, so its SE under the null stays honest. `hall` passes the statistic
-    through Hall's skewness correction with the skewness of the rescaled differences.
-    scripts/skew_pass_side.py measures the choices (docs/statistics.md). Needs mean cand > 0."""
-    c, f = np.asarray(cand, dtype=float), np.asarray(floor, dtype=float)
-    return _NullScaled(c, f, _as_clusters(clusters, c.size), hall).z(bound)
+# ---------------------------------------------------------------- betting bounds (bounded above)
 
 
-class _NullScaled:
-    """`null_scaled_z` as a function of the bound, with what does not depend on it computed once
-    (the cluster codes, the means): `null_scaled_upper` evaluates it dozens of times."""
-
-    def __init__(self, c: np.ndarray, f: np.ndarray, g: np.ndarray, hall: bool) -> None:
-        self.c, self.f, self.g, self.hall = c, f, g, hall
-        self.mean_c, self.mean_f = float(c.mean()), float(f.mean())
-        if self.mean_c <= 0:
-            raise ValueError("the candidate's values have no mass to rescale")
-        self.n_g = int(g.max()) + 1
-        self.diff0 = float(c.mean() - f.mean())
-
-    def z(self, bound: float) -> float:
-        c, f, g, n_g = self.c, self.f, self.g, self.n_g
-        d0 = c * ((self.mean_f + bound) / self.mean_c) - f
-        sums = np.bincount(g, weights=d0 - d0.mean(), minlength=n_g)
-        se0 = math.sqrt(n_g / (n_g - 1) * float(np.sum(sums**2)) / c.size**2)
-        diff = self.diff0 - bound
-        if se0 == 0:
-            return 0.0 if diff == 0 else math.copysign(math.inf, diff)
-        z = diff / se0
-        return hall_transform(z, _skewness_of_codes(d0, g), n_g) if self.hall else z
+BET_TRUNCATION = 0.75  # a bet risks at most this share of the capital (Waudby-Smith & Ramdas' c = 3/4)
 
 
-def null_scaled_upper(cand: ArrayLike, floor: ArrayLike, level: float, df: float,
-                      clusters: ArrayLike | None = None, hall: bool = True) -> float:
-    """The upper confidence bound that inverts `null_scaled_z`: the largest bound whose one-sided
-    test at `level` does not yet show the excess below it (inf where no bound does: a sample too
-    small or too spread for its coefficient of variation)."""
-    c, f = np.asarray(cand, dtype=float), np.asarray(floor, dtype=float)
-    est = float(c.mean() - f.mean())
-    q = t_isf(level, df)
-    ns = _NullScaled(c, f, _as_clusters(clusters, c.size), hall)
-    gap = lambda b: ns.z(b) + q  # noqa: E731  > 0 above est, falls below 0 past the bound
-    scale = max(abs(est), float(np.abs(c).mean()), 1e-12)
-    low, high = max(est, 0.0), max(est, 0.0) + scale
-    if gap(low) < 0:
-        return low
-    for _ in range(60):
-        if gap(high) < 0:
-            return float(optimize.brentq(gap, low, high, xtol=scale * 1e-9))
-        low, high = high, high * 2
-    return math.inf
+class UpperBet:
+    """One-sided test by betting of H0: mean ≥ m, for per-unit values x ≤ `cap` (no lower limit),
+    and the upper confidence bound that inverts it (Waudby-Smith & Ramdas 2024, "Estimating means
+    of bounded random variables by betting", JRSS B 86(1): the hedged capital's lower-side process
+    with predictable plug-in bets, here on values bounded above only).
+
+    The capital K(m) = Π_g (1 + λ_g · (m − x̄_g)/cap) over clusters g in their given order (x̄_g a
+    cluster's mean: the mean tested is the mean over clusters, each independent unit weighing the
+    same); each bet λ_g is fixed from the clusters before g (a mean and variance of the values
+    so far, started at ½ and ¼ on the unit scale), at most BET_TRUNCATION/(1 − m/cap), so every
+    factor stays positive. Under H0 K is a nonnegative supermartingale with K₀ = 1, so by Ville's
+    inequality P(K(m) ≥ 1/α) ≤ α whatever the values' distribution, however skewed, at any n:
+    the p-value is min(1, 1/K(m)) and the bound U = inf{m : K(m) ≥ 1/α} covers the mean with
+    probability ≥ 1 − α. Near-degenerate samples (all values 0 but a few) give a finite bound,
+    ≈ cap·log(1/α)/(c·G) when nothing varies, and a spread-out sample one close to the t bound
+    as G grows. What it needs is the cap: a mean of values unbounded above has no finite-sample
+    upper bound at all (a rare huge value can carry it), so a criterion caps its values first
+    and says what the cap means (gate/criteria.py)."""
+
+    def __init__(self, values: ArrayLike, cap: float, clusters: ArrayLike | None = None,
+                 level: float = 0.05) -> None:
+        x = np.asarray(values, dtype=float)
+        if x.size == 0:
+            raise ValueError("no values")
+        if not cap > 0 or not math.isfinite(cap):
+            raise ValueError("cap must be positive and finite")
+        if np.any(x > cap * (1 + 1e-12)):
+            raise ValueError("values above the cap: cap them first")
+        codes = _as_clusters(clusters, x.size)
+        # clusters in order of first appearance (the units' order is the plan's seeded order)
+        first = np.full(int(codes.max()) + 1, x.size)
+        np.minimum.at(first, codes, np.arange(x.size))
+        rank = np.empty_like(first)
+        rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+        g = rank[codes]
+        self.cap = float(cap)
+        self.y = np.minimum(np.bincount(g, weights=x) / np.bincount(g) / cap, 1.0)  # cluster means on the unit scale
+        self.mean = float(self.y.mean() * cap)
+        n = self.y.size
+        # predictable plug-in: the running mean and variance of the clusters before each one
+        mu_after = (0.5 + np.cumsum(self.y)) / np.arange(2, n + 2)
+        dev = np.concatenate([[0.0], np.cumsum((self.y - mu_after) ** 2)[:-1]])
+        var = (0.25 + dev) / np.arange(1, n + 1)
+        self.lam = np.sqrt(2 * math.log(1 / level) / (n * var))
+        self.level = level
+
+    def log_capital(self, m: float) -> float:
+        """log K(m): the evidence against a mean of m or more."""
+        u = m / self.cap
+        if u >= 1:
+            return math.inf
+        lam = np.minimum(self.lam, BET_TRUNCATION / (1 - u))
+        return float(np.sum(np.log1p(lam * (u - self.y))))
+
+    def p_value(self, m: float) -> float:
+        """One-sided p-value of H0: mean ≥ m (Ville: min(1, 1/K))."""
+        return float(min(1.0, math.exp(-self.log_capital(m)))) if m < self.cap else 0.0
+
+    def upper(self) -> float:
+        """The smallest m at which H0: mean ≥ m is rejected at the level the bets were sized for
+        (the cap when none below it is)."""
+        target = math.log(1 / self.level)
+        low = self.mean
+        if self.log_capital(low) >= target:
+            return low
+        high = self.cap * (1 - 1e-9)
+        if self.log_capital(high) < target:
+            return self.cap
+        return float(optimize.brentq(lambda m: self.log_capital(m) - target, low, high,
+                                     xtol=self.cap * 1e-9, rtol=1e-10))
 
 
 def sample_size(var_d: float, distance: float, alpha: float = 0.05, power: float = 0.8) -> int:

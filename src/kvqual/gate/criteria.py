@@ -55,6 +55,7 @@ class Criterion:
     role: Role = "primary"
     unit: str = "items"
     level: float | None = None  # the one-sided level its tests ran at (α, or α′ at a sequential look)
+    infrastructure: bool = False  # undecided because requests failed, not for want of items: exit 4, never more items
 
     @property
     def label(self) -> str:
@@ -100,42 +101,63 @@ def _unit(clusters: np.ndarray | None, n_units: int) -> tuple[int, str]:
     return g, "items"
 
 
-def skew_corrected(name: str, bound: float, cand: np.ndarray, floor: np.ndarray, clusters: np.ndarray | None,
-                   level: float, detail: str, m: int, hall_on_pass: bool) -> Criterion:
-    """An at-most criterion on the mean excess of nonnegative, right-skewed per-unit values (mean
-    KL, top-1 disagreement) over their A/A floor. A t bound on such a mean is short on its PASS
-    side, so each side gets its own statistic (docs/statistics.md, "Right-skewed token criteria"):
-    - FAIL side (the lower bound): the cluster-robust t statistic through Hall's skewness
-      correction; on right-skewed values it is, if anything, conservative there;
-    - PASS side (the upper bound): the SE taken under the null (`stats.null_scaled_z`), with
-      Hall's correction on top where `hall_on_pass` (KL; top-1 disagreement is a share of
-      tokens, and the null SE alone holds it at α: Hall on top halves its power)."""
+def _bet_n_more(est: float, upper: float, g: int, bound: float, cap: float, level: float) -> int | None:
+    """Clusters until a betting bound now at `upper` (mean `est`) would reach `bound`, if the values
+    hold: its width behaves as a/√G + b/G, b = cap·log(1/level)/c the part a sample with no spread
+    keeps (`stats.UpperBet`), a fitted from the width now. None when the estimate is not inside."""
+    gap = bound - est
+    if gap <= 0 or not math.isfinite(upper):
+        return None
+    b = cap * math.log(1 / level) / st.BET_TRUNCATION
+    a = max(0.0, (upper - est) - b / g) * math.sqrt(g)
+    x = (-a + math.sqrt(a * a + 4 * b * gap)) / (2 * b)  # 1/√G at which a·x + b·x² = gap
+    return max(1, math.ceil(1 / (x * x)) - g)
+
+
+def token_excess(name: str, bound: float, cand: np.ndarray, floor: np.ndarray, clusters: np.ndarray | None,
+                 level: float, detail: str, m: int, cap: float) -> Criterion:
+    """An at-most criterion on the mean excess of nonnegative per-unit values (mean KL, top-1
+    disagreement) over their A/A floor, each independent unit (an item, or a shared context: the
+    mean of its units) weighing the same. Such values are right-skewed and, on a GPU A/A, almost all
+    exactly 0: a t bound is short on its PASS side, and a bound built from the sample's own spread is
+    undefined or infinite when nearly nothing varies. So each side has its own statistic
+    (docs/statistics.md, "Token criteria"):
+    - PASS side (the upper bound): a betting confidence bound (`stats.UpperBet`), valid at any n and
+      any skew, for values at most `cap` (= token_cap × the bound) or the largest value seen, whichever
+      is larger: a mean of values unbounded above has no finite-sample upper bound, so what no unit has
+      shown is bounded by the cap, and a tail that did show is bounded as it is;
+    - FAIL side (the lower bound): the t statistic through Hall's skewness correction on the values
+      as they are; on right-skewed values it errs on the conservative side."""
+    g, unit = _unit(clusters, cand.size)
+    units = cand.size
+    if clusters is not None:  # one value per independent unit: the mean of its units
+        codes = np.unique(clusters.astype(str), return_inverse=True)[1]
+        size = np.bincount(codes)
+        cand, floor = np.bincount(codes, weights=cand) / size, np.bincount(codes, weights=floor) / size
     values = cand - floor
-    cl = None if clusters is None else clusters.astype(str)
-    g, unit = _unit(clusters, values.size)
     est = float(values.mean())
     if np.all(values == values[0]):
         se, df, skew = 0.0, float(g - 1), 0.0
     else:
-        mc = st.mean_ci(values, cl)
-        se, df, skew = mc.se, float(mc.df), st.cluster_skewness(values, cl)
+        mc = st.mean_ci(values)
+        se, df, skew = mc.se, float(mc.df), st.cluster_skewness(values)
     gz = st.hall_transform(_standardized(est - bound, se), skew, g)
-    p_pass, p_fail = _cdf(gz, df), 1.0 - _cdf(gz, df)
-    q = _quantile(level, df)
-    low = est - se * st.hall_inverse(q, skew, g)
-    high = est - se * st.hall_inverse(-q, skew, g)
-    sd = se * math.sqrt(g)  # what n_more scales: the spread the deciding bound is built from
-    if se > 0 and cand.mean() > 0:
-        p_pass = _cdf(st.null_scaled_z(cand, floor, bound, cl, hall_on_pass), df)
-        high = st.null_scaled_upper(cand, floor, level, df, cl, hall_on_pass)
-        detail += f"; skewness {skew:.2f}: upper bound on the SE under the null" + \
-            (", Hall-corrected" if hall_on_pass else "")
-        if est < bound and 0 < p_pass < 0.5:  # the pass side decides on the SE under the null: invert that test
-            sd = (bound - est) / _quantile(p_pass, df) * math.sqrt(g)
-    elif skew:
-        detail += f"; skewness {skew:.2f} (Hall-corrected t)"
+    p_fail = 1.0 - _cdf(gz, df)
+    low = est - se * st.hall_inverse(_quantile(level, df), skew, g)
+    # the cap: `cap` (token_cap × the bound), raised to the largest value seen, so a tail that shows is
+    # bounded as it is and only what the sample cannot show is capped (the bound is then at least the one
+    # with the cap alone: the guarantee for the capped mean holds, stats.UpperBet)
+    top = max(cap, float(cand.max()))
+    bet = st.UpperBet(values, top, None, level)
+    high, p_pass = bet.upper(), bet.p_value(bound)
+    detail += (f"; upper bound by betting on values ≤ {top:.3g}" + (" (the largest seen)" if top > cap else "")
+               + (f", lower by Hall-corrected t (skewness {skew:.2f})" if skew else ""))
+    if g < units:
+        detail += f"; {g} independent {unit}, each the mean of its units"
+    n_more = _bet_n_more(est, high, g, bound, top, level) if est < bound else \
+        _n_more(est, se * math.sqrt(g), g, bound, False, level, m)
     return Criterion(name, None, "inconclusive", "at_most", None, bound, est, low, high, 1 - 2 * level, p_pass, p_fail,
-                     None, g, _n_more(est, sd, g, bound, est < bound, level, m), detail, "primary", unit, level)
+                     None, g, n_more, detail, "primary", unit, level)
 
 
 def one_sided(name: str, suite: str | None, direction: Direction, bound: float, est: float, se: float, df: float,
@@ -219,74 +241,96 @@ def accuracy(pairs: AccuracyPairs, policy: GatePolicy, level: float, m: int, rol
 
 
 def pooled_accuracy(all_pairs: tuple[AccuracyPairs, ...], policy: GatePolicy, level: float, m: int) -> Criterion:
-    """One non-inferiority test over every scored suite, stratified by suite: Δ = Σ w_s Δ_s with
-    w_s the suite's share of clusters, SE² = Σ w_s² SE_s² (cluster-robust within each suite),
-    floored at the Tango score SE of the pooled cluster-level table; normal reference."""
+    """One non-inferiority test over every scored suite, stratified by suite: Δ = Σ w_s Δ_s with w_s
+    the suite's share of clusters, tested with the stratified score statistic
+    (`stats.stratified_score_z`): each suite's variance taken under the null Δ_s = −δ, so the test
+    keeps its size at the margin where a Wald test (variance at Δ̂) does not. A suite whose items
+    share contexts enters as its cluster-level table (each cluster counted once, its units' shares of
+    each cell), whose variance under the null is at least that of its cluster means; normal reference."""
     delta = policy.accuracy_margin
     usable = [p for p in all_pairs if p.base_correct.size]
     if not usable:
         return not_evaluated("accuracy", "at_least", -delta, None, "no scored suite")
-    sizes = np.array([n_clusters(p.clusters, p.base_correct.size) for p in usable], float)
-    weights = sizes / sizes.sum()
-    est, var = 0.0, 0.0
-    for w, p, g in zip(weights, usable, sizes):
-        d = p.cand_correct.astype(float) - p.base_correct.astype(float)
-        est += w * float(d.mean())
-        if g >= 2:
-            var += w**2 * st.mean_ci(d, None if p.clusters is None else p.clusters.astype(str)).se ** 2
     tables = [_cluster_counts(p) for p in usable]
-    pooled = st.PairedCounts(*(sum(getattr(t, k) for t in tables) for k in "abcd"))  # type: ignore[arg-type]
-    floor = _score_se(pooled, level)
-    se = max(math.sqrt(var), floor)
-    G = int(sizes.sum())
+    sizes = np.array([t.n for t in tables], float)
+    weights = sizes / sizes.sum()
+    z = st.stratified_score_z(tables, weights, -delta)
+    ci = st.stratified_score_ci(tables, weights, 1 - 2 * level)
+    var0 = sum(w * w * st.tango_unit_variance(t, -delta) / t.n for w, t in zip(weights, tables))
+    G = int(round(sizes.sum()))
     counts = st.paired_counts(np.concatenate([p.base_correct for p in usable]),
                               np.concatenate([p.cand_correct for p in usable]))
     n = counts.n
-    detail = (f"stratified over {len(usable)} suites; base {(counts.a + counts.b) / n:.1%} → cand "
+    detail = (f"stratified score test over {len(usable)} suites; base {(counts.a + counts.b) / n:.1%} → cand "
               f"{(counts.a + counts.c) / n:.1%}; flips right→wrong {counts.b}, wrong→right {counts.c}; "
               f"McNemar exact p={st.mcnemar_exact_p(counts.b, counts.c):.3g}")
     units = {_unit(p.clusters, p.base_correct.size)[1] for p in usable}
-    # "more contexts" only when every suite is built on shared contexts; otherwise new units are mostly items
-    crit = one_sided("accuracy", None, "at_least", -delta, est, se, math.inf, G, level, detail, m, "primary",
-                     "contexts" if units == {"contexts"} else "items")
-    return dataclasses.replace(crit, name="accuracy_pooled", ci_low=max(-1.0, crit.ci_low),
-                               ci_high=min(1.0, crit.ci_high))
+    inside = ci.estimate > -delta
+    return Criterion("accuracy_pooled", None, "inconclusive", "at_least", -delta, None, ci.estimate, ci.low, ci.high,
+                     ci.level, st.norm_sf(z), st.norm_cdf(z), None, G,
+                     _n_more(ci.estimate, math.sqrt(var0 * G), G, -delta, inside, level, m), detail, "primary",
+                     "contexts" if units == {"contexts"} else "items", level)
 
 
 # ---------------------------------------------------------------- lengths, rates
 
 
-def lengths(lp: LengthPairs, floor: LengthPairs | None, policy: GatePolicy, level: float, m: int) -> Criterion:
-    """Ratio of mean lengths cand/base within 1 ± drift: two one-sided tests on the log scale."""
-    lo, hi = 1 - policy.max_length_drift, 1 + policy.max_length_drift
-    g, unit = _unit(lp.clusters, lp.base.size)
-    if g >= 2 and lp.base.mean() > 0 and lp.cand.mean() <= 0:  # the candidate stopped answering at all
-        return Criterion("length_ratio", None, "inconclusive", "within", lo, hi, 0.0, 0.0, 0.0, 1 - 2 * level,
-                         1.0, 0.0, None, g, None, f"mean {lp.base.mean():.1f} → 0 tokens: no output at all",
-                         "primary", unit, level)
-    if g < 2 or lp.base.mean() <= 0 or lp.cand.mean() <= 0:
-        return Criterion("length_ratio", None, "not_evaluated", "within", lo, hi, n=g,
-                         detail="fewer than 2 independent pairs or an arm with no output")
-    clusters = None if lp.clusters is None else lp.clusters.astype(str)
-    ci, se = st.ratio_of_means_ci(lp.base, lp.cand, clusters, level=1 - 2 * level)
-    df = g - 1
-    theta = math.log(ci.estimate)
+def _within(name: str, theta: float, se: float, df: float, lo: float, hi: float, g: int, level: float, m: int,
+            detail: str, role: Role, unit: str) -> Criterion:
+    """A log-scale estimate `theta` judged within [lo, hi] (ratios): two one-sided t tests for PASS,
+    the doubled smaller tail for FAIL; the interval shown back on the ratio scale."""
     z_lo, z_hi = _standardized(theta - math.log(lo), se), _standardized(theta - math.log(hi), se)
     p_pass = max(1 - _cdf(z_lo, df), _cdf(z_hi, df))
     p_fail = min(1.0, 2 * min(_cdf(z_lo, df), 1 - _cdf(z_hi, df)))
+    q = _quantile(level, df)
+    nearest = lo if abs(theta - math.log(lo)) < abs(theta - math.log(hi)) else hi
+    inside = math.log(lo) < theta < math.log(hi)
+    n_more = _n_more(theta, se * math.sqrt(g), g, math.log(nearest), inside, level, m)
+    return Criterion(name, None, "inconclusive", "within", lo, hi, math.exp(theta), math.exp(theta - q * se),
+                     math.exp(theta + q * se), 1 - 2 * level, p_pass, p_fail, None, g, n_more, detail, role, unit, level)
+
+
+def lengths(lp: LengthPairs, floor: LengthPairs | None, policy: GatePolicy, level: float, m: int) -> list[Criterion]:
+    """Output length within 1 ± drift, two ways (docs/statistics.md, "Output length"):
+    - `length_ratio` (primary): the geometric mean of the per-unit ratios cand/base, exp(mean log(c/b)),
+      an empty output counted as 1 token; cluster-robust t on the log ratios. Each unit weighs the same,
+      so the few outputs that loop to max_tokens move it as much as any other unit, not as much as
+      their length;
+    - `length_mean_ratio` (guard): the ratio of mean lengths (delta method on the log scale), which
+      those long outputs dominate: it FAILs a candidate whose outputs run away in total, and being a
+      guard, its being undecided never blocks PASS."""
+    lo, hi = 1 - policy.max_length_drift, 1 + policy.max_length_drift
+    g, unit = _unit(lp.clusters, lp.base.size)
+    if g >= 2 and lp.base.mean() > 0 and lp.cand.mean() <= 0:  # the candidate stopped answering at all
+        return [Criterion(name, None, "inconclusive", "within", lo, hi, 0.0, 0.0, 0.0, 1 - 2 * level,
+                          1.0, 0.0, None, g, None, f"mean {lp.base.mean():.1f} → 0 tokens: no output at all",
+                          role, unit, level)
+                for name, role in (("length_ratio", "primary"), ("length_mean_ratio", "guard"))]
+    if g < 2 or lp.base.mean() <= 0 or lp.cand.mean() <= 0:
+        return [Criterion(name, None, "not_evaluated", "within", lo, hi, n=g, role=role,  # type: ignore[arg-type]
+                          detail="fewer than 2 independent pairs or an arm with no output")
+                for name, role in (("length_ratio", "primary"), ("length_mean_ratio", "guard"))]
+    clusters = None if lp.clusters is None else lp.clusters.astype(str)
+    df = g - 1
+    logs = np.log(np.maximum(lp.cand, 1.0)) - np.log(np.maximum(lp.base, 1.0))
+    se = st.mean_ci(logs, clusters).se if np.any(logs != logs[0]) else 0.0
     d = lp.cand - lp.base
     hl = st.hodges_lehmann(d, level=1 - 2 * level)
-    detail = (f"mean {lp.base.mean():.1f} → {lp.cand.mean():.1f} tokens; "
+    changed = int(np.sum(logs != 0))
+    detail = (f"{changed} of {logs.size} lengths differ; mean {lp.base.mean():.1f} → {lp.cand.mean():.1f} tokens; "
               f"HL shift {hl.estimate:+.1f} [{hl.low:+.1f}, {hl.high:+.1f}]; "
-              f"Wilcoxon p={st.wilcoxon_signed_rank(lp.base, lp.cand).pvalue:.3g}; "
-              f"KS p={st.ks_two_sample(lp.base, lp.cand).pvalue:.3g}")
+              f"Wilcoxon p={st.wilcoxon_signed_rank(lp.base, lp.cand).pvalue:.3g}")
+    if floor is not None and floor.base.size >= 2:
+        fl = np.log(np.maximum(floor.cand, 1.0)) - np.log(np.maximum(floor.base, 1.0))
+        detail += f"; A/A geometric ratio {math.exp(float(fl.mean())):.3f} (n={floor.base.size})"
+    geo = _within("length_ratio", float(logs.mean()), se, df, lo, hi, g, level, m, detail, "primary", unit)
+    ci, se_m = st.ratio_of_means_ci(lp.base, lp.cand, clusters, level=1 - 2 * level)
+    mdetail = (f"mean {lp.base.mean():.1f} → {lp.cand.mean():.1f} tokens; "
+               f"KS p={st.ks_two_sample(lp.base, lp.cand).pvalue:.3g}")
     if floor is not None and floor.base.mean() > 0 and floor.cand.mean() > 0:
-        detail += f"; A/A ratio {floor.cand.mean() / floor.base.mean():.3f} (n={floor.base.size})"
-    nearest = lo if abs(theta - math.log(lo)) < abs(theta - math.log(hi)) else hi
-    inside = lo < ci.estimate < hi
-    n_more = _n_more(theta, se * math.sqrt(g), g, math.log(nearest), inside, level, m)
-    return Criterion("length_ratio", None, "inconclusive", "within", lo, hi, ci.estimate, ci.low, ci.high,
-                     ci.level, p_pass, p_fail, None, g, n_more, detail, "primary", unit, level)
+        mdetail += f"; A/A ratio {floor.cand.mean() / floor.base.mean():.3f} (n={floor.base.size})"
+    mean = _within("length_mean_ratio", math.log(ci.estimate), se_m, df, lo, hi, g, level, m, mdetail, "guard", unit)
+    return [geo, mean]
 
 
 def _floor_refused(size: int, clusters: np.ndarray | None) -> str | None:
@@ -300,32 +344,28 @@ def _floor_refused(size: int, clusters: np.ndarray | None) -> str | None:
 
 
 def rate_excess(rp: RatePairs, bound: float, level: float, m: int) -> Criterion:
-    """Guard: the event's rate in the candidate minus the baseline's, beyond the same difference
-    between the A/A replicate and the baseline (the floor). excess = mean(cand − base) −
-    mean(aa − base); SE² = SE₁² + SE₂² (the two means share units, whose positive covariance this
-    ignores: conservative). FAIL only when shown above the bound."""
+    """Guard: the event's rate in the candidate minus the baseline's, a plain paired difference
+    (cluster-robust t), FAIL only when shown above the bound. No A/A floor is subtracted: two runs
+    of one config differ by 0 in expectation, so a floor adds only its own noise (it cost a 10-point
+    distinct-2 drop a fifth of its detections, docs/calibration.md); the A/A replicate's difference
+    is shown beside it."""
     name = RATE_CRITERIA.get(rp.name, f"{rp.name}_excess")
     g, unit = _unit(rp.clusters, rp.base.size)
     if g < 2:
         return not_evaluated(name, "at_most", None, bound, "fewer than 2 independent pairs", role="guard")
     clusters = None if rp.clusters is None else rp.clusters.astype(str)
     d = rp.cand - rp.base
-    ab = st.mean_ci(d, clusters) if np.any(d != d[0]) else None
-    est, var = float(d.mean()), (ab.se ** 2 if ab else 0.0)
-    fc = None if rp.floor_clusters is None else np.asarray(rp.floor_clusters).astype(str)
-    floor_txt = _floor_refused(0 if rp.floor_base is None else rp.floor_base.size, fc)
-    if floor_txt is None:
-        assert rp.floor_base is not None and rp.floor_aa is not None
-        f = rp.floor_aa - rp.floor_base
-        est -= float(f.mean())
-        if np.any(f != f[0]):
-            var += st.mean_ci(f, fc).se ** 2
-        floor_txt = f"A/A floor {f.mean():+.3f} over {rp.floor_base.size} pairs"
+    est = float(d.mean())
+    se = st.mean_ci(d, clusters).se if np.any(d != d[0]) else 0.0
+    if rp.floor_base is not None and rp.floor_aa is not None and rp.floor_base.size >= 1:
+        floor_txt = f"A/A difference {float((rp.floor_aa - rp.floor_base).mean()):+.3f} over {rp.floor_base.size} pairs (shown, not subtracted)"
+    else:
+        floor_txt = "no A/A replicate"
     if rp.name == "repeated_bigrams":  # the values are 1 − distinct-2: say it in distinct-2
         detail = f"distinct-2 base {1 - rp.base.mean():.3f} → cand {1 - rp.cand.mean():.3f}; {floor_txt}"
     else:
         detail = f"rate base {rp.base.mean():.1%} → cand {rp.cand.mean():.1%}; {floor_txt}"
-    return one_sided(name, None, "at_most", bound, est, math.sqrt(var), g - 1, g, level, detail, m, "guard", unit)
+    return one_sided(name, None, "at_most", bound, est, se, g - 1, g, level, detail, m, "guard", unit)
 
 
 RATE_CRITERIA = {"truncation": "truncation_excess", "loop": "loop_excess", "repeated_bigrams": "distinct2_loss"}
@@ -385,17 +425,22 @@ def cache_path(cp: CachePairs, policy: GatePolicy, level: float, m: int) -> Crit
 
 
 def failed(arm: str, counts: RequestCounts, policy: GatePolicy, level: float) -> Criterion:
-    """Failed-request share: pass when observed ≤ max; candidate FAILs only when shown above."""
+    """Run health, both arms alike: passes when the observed share of failed requests (after their
+    retries) is at most `max_failed_rate`. Above it the run is not trusted and the compare stops as an
+    infrastructure fault (exit 4), never as a verdict on the candidate: `Verdict.infrastructure`.
+    Prompts that do not fit a server's context are not failures: they are left out of both arms."""
     k, n, bound = counts.failed, counts.total, policy.max_failed_rate
     if n <= 0:
         return not_evaluated(f"failed_rate_{arm}", "at_most", None, bound, "no requests")
     ci = st.clopper_pearson_ci(k, n, level=1 - 2 * level)
-    p_fail = float(stats.binomtest(k, n, bound, alternative="greater").pvalue) if arm == "candidate" else None
     status: Status = "pass" if k / n <= bound else "inconclusive"
+    detail = f"{k} of {n} requests failed" + ("" if status == "pass" else
+                                               f" (> max_failed_rate {bound:.1%}): the run is not trusted")
+    if counts.retries:
+        detail += f"; {counts.retries} retries"
     return Criterion(f"failed_rate_{arm}", None, status, "at_most", None, bound, k / n, ci.low, ci.high,
-                     ci.level, None, p_fail, None, n, None,
-                     f"{k} of {n} requests failed" + ("" if status == "pass" else "; too many to trust the run"),
-                     "primary", "requests", level)
+                     ci.level, None, None, None, n, None, detail, "primary", "requests", level,
+                     infrastructure=status != "pass")
 
 
 # ---------------------------------------------------------------- token level
@@ -434,15 +479,22 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
     if coverage is not None and not coverage.requested:
         return [not_evaluated(n, "at_most", None, b, "teacher forcing turned off (--no-teacher-forcing)")
                 for n, b in bounds.items()]
-    short = None
+    short, infrastructure = None, False
     if coverage is not None and coverage.pairs and coverage.share < policy.min_token_coverage:
         why = ", ".join(f"{r}: {k}" for r, k in coverage.reasons.most_common()) or "no reason recorded"
         short = (f"token metrics usable on {coverage.usable} of {coverage.pairs} pairs "
                  f"({coverage.share:.0%} < min_token_coverage {policy.min_token_coverage:.0%}); {why}")
+        # short only because teacher-forcing requests failed after their retries: an infrastructure fault,
+        # which more items would not mend; retrying those requests (the same command again) does
+        if coverage.failed and (coverage.usable + coverage.failed) / coverage.pairs >= policy.min_token_coverage:
+            infrastructure = True
+            short = (f"infrastructure: {coverage.failed} teacher-forcing requests failed after their retries, "
+                     f"leaving token metrics on {coverage.usable} of {coverage.pairs} pairs ({coverage.share:.0%} < "
+                     f"min_token_coverage {policy.min_token_coverage:.0%}); run the same command again to retry them")
     out: list[Criterion] = []
     for name, bound in bounds.items():
         if tp is None or tp.kl_cand.size < 2 or n_clusters(tp.clusters, tp.kl_cand.size) < 2:
-            out.append(Criterion(name, None, "inconclusive", "at_most", None, bound,
+            out.append(Criterion(name, None, "inconclusive", "at_most", None, bound, infrastructure=infrastructure,
                                  detail=short or "teacher forcing gave fewer than 2 usable pairs with an A/A floor"))
             continue
         values = tp.kl_cand - tp.kl_floor if name == "kl_excess" else tp.top1_floor - tp.top1_cand
@@ -455,9 +507,10 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
                                       detail, m)
         else:
             cand, flr_share = (tp.kl_cand, tp.kl_floor) if name == "kl_excess" else (1 - tp.top1_cand, 1 - tp.top1_floor)
-            crit = skew_corrected(name, bound, cand, flr_share, tp.clusters, level, detail, m, name == "kl_excess")
+            crit = token_excess(name, bound, cand, flr_share, tp.clusters, level, detail, m, policy.token_cap * bound)
         if short:  # shown, but never decided on a fraction of the pairs
-            crit = dataclasses.replace(crit, p_pass=None, p_fail=None, detail=f"{short}; {crit.detail}")
+            crit = dataclasses.replace(crit, p_pass=None, p_fail=None, n_more=None if infrastructure else crit.n_more,
+                                       detail=f"{short}; {crit.detail}", infrastructure=infrastructure)
         out.append(crit)
     return out
 

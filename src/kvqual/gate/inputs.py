@@ -115,6 +115,7 @@ class TokenCoverage:
     pairs: int = 0
     usable: int = 0
     reasons: Counter = field(default_factory=Counter)
+    failed: int = 0  # of the pairs left out: those whose teacher-forcing requests failed after their retries
 
     @property
     def share(self) -> float:
@@ -141,10 +142,12 @@ class CachePairs:
 
 @dataclass(frozen=True)
 class RequestCounts:
-    """Failed and total requests of one arm."""
+    """Failed and total requests of one arm (prompts that do not fit a context left out of both), and
+    the retries spent on them."""
 
     failed: int
     total: int
+    retries: int = 0
 
 
 @dataclass(frozen=True)

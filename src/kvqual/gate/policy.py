@@ -33,7 +33,9 @@ class GatePolicy:
     max_cache_kl_excess: float = 0.012  # warm minus cold KL within a shared context, nats/token (docs/cache.md)
     max_failed_rate: float = 0.01  # share of failed requests per arm
     min_token_coverage: float = 0.8  # teacher forcing on: share of pairs whose token metrics must be usable
-    looks: int = 4  # planned looks (rounds) of a sequential compare; 1 = fixed-n
+    looks: int = 5  # planned looks (rounds) of a sequential compare, at most; 1 = fixed-n
+    first_look: int = 124  # items judged at the first look; each later look doubles it (gate/sequential.py)
+    token_cap: float = 10.0  # per-unit KL / top-1 values above this multiple of their bound count as it (PASS side)
     min_speedup: float | None = None  # cand/base throughput ratio required; None: report only
     bootstrap_resamples: int = 0  # >0: cluster bootstrap for KL / top-1 instead of t intervals
 
@@ -65,9 +67,11 @@ _RANGES: Mapping[str, tuple[float, float, str]] = {
     "max_failed_rate": (0.0, 1.0, "between 0 and 1 (exclusive)"),
     "min_token_coverage": (0.0, 1.0 + 1e-12, "above 0 and at most 1"),
     "min_speedup": (0.0, math.inf, "positive"),
+    "token_cap": (1.0, math.inf, "above 1 (a multiple of the bound)"),
 }
 _INTEGERS: Mapping[str, tuple[int, str]] = {"bootstrap_resamples": (100, "must be 0 (off) or at least 100"),
-                                            "looks": (1, "must be at least 1")}
+                                            "looks": (1, "must be at least 1"),
+                                            "first_look": (2, "must be at least 2")}
 
 
 def _check(path: str, key: str, value: Any) -> Any:
@@ -80,7 +84,7 @@ def _check(path: str, key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(path, f"gate.{key}", f"expected an integer, got {type(value).__name__}")
         low, words = _INTEGERS[key]
-        if (key == "bootstrap_resamples" and value != 0 and value < low) or (key == "looks" and value < low):
+        if (key == "bootstrap_resamples" and value != 0 and value < low) or (key != "bootstrap_resamples" and value < low):
             raise ConfigError(path, f"gate.{key}", words)
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -40,10 +40,11 @@ class Verdict:
     reason: str
     policy: GatePolicy = field(default_factory=GatePolicy)
     looks: tuple[dict[str, Any], ...] = ()  # trajectory: one entry per look taken
+    infrastructure: str | None = None  # why the run is not trusted (too many failed requests): exit 4, no verdict
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        return 4 if self.infrastructure else EXIT_CODES[self.verdict]
 
     def to_json(self) -> dict[str, Any]:
         """report.json form; non-finite numbers become null."""
@@ -51,6 +52,7 @@ class Verdict:
             "verdict": self.verdict,
             "exit_code": self.exit_code,
             "reason": self.reason,
+            "infrastructure": self.infrastructure,
             "policy": dataclasses.asdict(self.policy),
             "criteria": [{**dataclasses.asdict(c), "label": c.label} for c in self.criteria],
         }
@@ -80,9 +82,9 @@ def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.G
     out.extend(cr.token_criteria(inputs.tokens, inputs.coverage, policy, level, m, rng))
     out.append(cr.pooled_accuracy(inputs.accuracy, policy, level, m))
     out.extend(cr.accuracy(pairs, policy, level, m, guard_or_primary) for pairs in inputs.accuracy)
-    out.append(cr.lengths(inputs.lengths, inputs.lengths_floor, policy, level, m) if inputs.lengths is not None
-               else cr.not_evaluated("length_ratio", "within", 1 - policy.max_length_drift,
-                                     1 + policy.max_length_drift, "no paired lengths"))
+    out.extend(cr.lengths(inputs.lengths, inputs.lengths_floor, policy, level, m) if inputs.lengths is not None
+               else [cr.not_evaluated("length_ratio", "within", 1 - policy.max_length_drift,
+                                      1 + policy.max_length_drift, "no paired lengths")])
     if inputs.lengths is not None:
         out.append(cr.length_ks(inputs.lengths, inputs.lengths_floor, policy.max_length_ks_excess, level, m))
     bounds = {"truncation": policy.max_trunc_excess, "loop": policy.max_loop_excess,
@@ -97,7 +99,7 @@ def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.G
     return out
 
 
-def _holm_fail(pvalues: Sequence[float], alpha: float, looks: int) -> list[bool]:
+def _holm_fail(pvalues: Sequence[float], alpha: float, looks: int | tuple[int, ...]) -> list[bool]:
     """Holm step-down with level α′(α/j) at step j (j hypotheses left): which are rejected."""
     order = np.argsort(pvalues, kind="stable")
     rejected = [False] * len(pvalues)
@@ -111,9 +113,10 @@ def _holm_fail(pvalues: Sequence[float], alpha: float, looks: int) -> list[bool]
     return rejected
 
 
-def decide(policy: GatePolicy, inputs: GateInputs, rng: np.random.Generator, *, looks: int = 1,
+def decide(policy: GatePolicy, inputs: GateInputs, rng: np.random.Generator, *, looks: int | tuple[int, ...] = 1,
            passed_before: Mapping[str, tuple[int, Criterion]] | None = None) -> Verdict:
-    """Judge every criterion at one look of `looks` planned; Holm-adjust the fail tests; verdict.
+    """Judge every criterion at one look of the plan `looks` (a number of equally spaced looks, or
+    the planned sizes of each look); Holm-adjust the fail tests; verdict.
 
     `passed_before`: primary criteria already shown inside at an earlier look: label → (look, the
     criterion as judged then). They stay shown, with the estimate and interval that decided them."""
@@ -148,7 +151,14 @@ def decide(policy: GatePolicy, inputs: GateInputs, rng: np.random.Generator, *, 
 
 
 def combine(policy: GatePolicy, criteria: tuple[Criterion, ...], looks: tuple[dict[str, Any], ...] = ()) -> Verdict:
-    """Any fail → FAIL; every primary criterion pass → PASS; else INCONCLUSIVE."""
+    """Too many failed requests (answers, or the teacher forcing the token criteria need) → no verdict
+    (infrastructure, exit 4); any fail → FAIL; every primary criterion pass → PASS; else INCONCLUSIVE."""
+    unhealthy = [c for c in criteria if c.infrastructure and c.status != "pass"]
+    if unhealthy:
+        why = "; ".join(f"{c.name.removeprefix('failed_rate_')}: {c.detail.removeprefix('infrastructure: ')}"
+                        for c in unhealthy)
+        return Verdict("INCONCLUSIVE", criteria, f"infrastructure: requests failed after their retries ({why})",
+                       policy, looks, infrastructure=why)
     failed = [c for c in criteria if c.status == "fail"]
     primary = [c for c in criteria if c.role == "primary" and c.status != "not_evaluated"]
     open_ = [c for c in primary if c.status != "pass"]
@@ -173,22 +183,26 @@ def look_row(k: int, n_items: int, v: Verdict) -> dict[str, Any]:
                                    "status": c.status, "n": c.n} for c in v.criteria}}
 
 
-def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]], rng_seed: int) -> Verdict:
+def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]], rng_seed: int,
+                    planned: Sequence[int] | None = None) -> Verdict:
     """Replay the looks taken (items judged, inputs at that look), in order; the verdict of the
-    first decided look, or of the last one. Pure: the same inputs give the same trajectory."""
+    first decided look, or of the last one. `planned`: the sizes of every planned look (the plan
+    the levels are spent over, `look_sizes`), of which the looks taken are the first; None: `policy.looks`
+    equally spaced looks. Pure: the same inputs give the same trajectory."""
     if not looks:
         raise ValueError("no look to judge")
-    planned = max(policy.looks, len(looks))
+    plan: int | tuple[int, ...] = max(policy.looks, len(looks)) if planned is None else \
+        (tuple(int(n) for n in planned) if len(planned) > 1 else 1)
     passed: dict[str, tuple[int, Criterion]] = {}
     rows: list[dict[str, Any]] = []
     verdict: Verdict | None = None
     for k, (n_items, inputs) in enumerate(looks, start=1):
-        verdict = decide(policy, inputs, np.random.default_rng(rng_seed), looks=planned, passed_before=passed)
+        verdict = decide(policy, inputs, np.random.default_rng(rng_seed), looks=plan, passed_before=passed)
         rows.append(look_row(k, n_items, verdict))
         for c in verdict.criteria:
             if c.status == "pass" and c.role == "primary" and c.label not in passed:
                 passed[c.label] = (k, c)
-        if verdict.verdict != "INCONCLUSIVE":
+        if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
             break
     assert verdict is not None
     return dataclasses.replace(verdict, looks=tuple(rows))
