@@ -40,6 +40,10 @@ Answers are deterministic functions of the prompt, so tests can predict them:
   endpoint joins them), token-id prompts, `return_tokens_as_token_ids` (tokens and top-k keys as
   `token_id:N`). A position's logprob depends on the last 40 characters before it, so a scoring
   window that keeps 40+ characters of context scores exactly what the whole sequence does.
+- `--gpu-noise P --noise-seed K` is a GPU server's batch nondeterminism as vLLM on an H200 showed it:
+  a share P of prompts (chosen by a hash of the prompt's start and K, so two servers with different K
+  differ on different prompts, and a server agrees with itself) get every logprob moved by up to 0.01
+  nats, generation and echo alike; the rest are bit-identical across servers.
 - `--max-model-len N` reports `max_model_len` N in /v1/models and /tokenize and refuses a request whose
   prompt tokens + max_tokens exceed N with vLLM's HTTP 400 text ("This model's maximum context
   length is N tokens. However, you requested …"); `--hide-max-model-len` refuses the same but
@@ -209,17 +213,24 @@ class Fake:
             return "".join(words[i % len(words)] for i in range(self.args.answer_tokens))
         return " " + text  # a leading space: completions tokenize apart from the prompt
 
-    def logprob(self, context: str, token: str) -> float:
+    def logprob(self, context: str, token: str, jitter: bool = False) -> float:
         lp = -0.05 - 2.0 * _h(context[-40:] + "|" + token)
         if self.args.logprob_noise:
             lp -= self.args.logprob_noise * _h("noise:" + context[-40:] + token)
+        if jitter:
+            lp -= 0.01 * _h(f"gpu:{self.args.noise_seed}:" + context[-40:] + token)
         return min(lp, -1e-4)
+
+    def jittered(self, text: str) -> bool:
+        """--gpu-noise: whether this server's batches move this prompt's logprobs (by its first 60 characters)."""
+        return bool(self.args.gpu_noise) and _h(f"gpu-item:{self.args.noise_seed}:" + text[:60]) < self.args.gpu_noise
 
     def logprobs(self, prior: str, tokens: list[str], k: int, first_null: bool, warm: bool = False) -> dict:
         out_lp, top, offsets = [], [], []
         context, offset = prior, len(prior) if not first_null else 0
+        jitter = self.jittered(prior + "".join(tokens))
         for i, tok in enumerate(tokens):
-            lp = self.logprob(context, tok)
+            lp = self.logprob(context, tok, jitter)
             if warm and self.args.warm_noise:
                 lp = min(lp - self.args.warm_noise * _h("warm:" + context[-40:] + tok), -1e-4)
             out_lp.append(None if (first_null and i == 0) else lp)
@@ -447,6 +458,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-jitter", type=float, default=0.0)
     p.add_argument("--token-ids", action="store_true")
     p.add_argument("--max-model-len", type=int, default=0)
+    p.add_argument("--gpu-noise", type=float, default=0.0)
+    p.add_argument("--noise-seed", type=int, default=0)
     p.add_argument("--hide-max-model-len", action="store_true")
     return p.parse_args(argv)
 

@@ -113,7 +113,10 @@ class RunDefaults:
     limit: int | None = None
     aa_fraction: float = 0.25  # share of items the A/A generation replicate covers (docs/statistics.md)
     max_items: int | None = None  # compare budget: items judged at most (None: every item of the suites)
-    max_minutes: float | None = None  # compare budget: no new round starts after this many minutes
+    # compare budget, server time: a round starts only if, at the rate so far, it ends within this many minutes
+    # (0 or None: no limit). 30 never binds a GPU server's 1,984-item pool (a few minutes); the built-in CPU
+    # targets use 5 (their first look of 124 items takes about four)
+    max_minutes: float | None = 30.0
     budget_tokens: int | None = None  # compare budget: no new round after this many generated tokens (all arms)
     results_dir: str = "results"
     max_failed_rate: float = 0.05  # a run above this stops as an infrastructure failure
@@ -260,7 +263,7 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
         ("aa_fraction", 0 <= run.aa_fraction <= 1, "must be between 0 and 1"),
         ("max_failed_rate", 0 <= run.max_failed_rate <= 1, "must be between 0 and 1"),
         ("max_items", run.max_items is None or run.max_items >= 2, "must be at least 2"),
-        ("max_minutes", run.max_minutes is None or run.max_minutes > 0, "must be > 0"),
+        ("max_minutes", run.max_minutes is None or run.max_minutes >= 0, "must be >= 0 (0: no limit)"),
         ("budget_tokens", run.budget_tokens is None or run.budget_tokens >= 1, "must be at least 1"),
     ]
     for key, ok, problem in checks:
@@ -284,6 +287,9 @@ BUILTIN_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("fp8_hicache", "fp8_e4m3", _HICACHE),
     ("bf16_prefix_broken", "bf16", _PREFIX + " --kv-fault stale-cache-block"),
 )
+
+
+BUILTIN_MAX_MINUTES = 5.0  # the embedded default on 2 CPU cores: one look of 124 items (~4 min), unless more fits
 
 
 def builtin_targets() -> dict[str, Target]:
@@ -315,7 +321,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
     if path is None:
         if not Path(DEFAULT_CONFIG_NAME).is_file():
-            return Config(BUILTIN_SOURCE, builtin_targets(), RunDefaults(), GatePolicy(), builtin=True)
+            return Config(BUILTIN_SOURCE, builtin_targets(), RunDefaults(max_minutes=BUILTIN_MAX_MINUTES), GatePolicy(),
+                          builtin=True)
         path = DEFAULT_CONFIG_NAME
     source = str(path)
     try:

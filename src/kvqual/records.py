@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
@@ -21,6 +22,28 @@ SCHEMA_VERSION = 1
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(value) if value else {}
+
+
+# how engines state their limit when a prompt is too long (vLLM's renderer and engine, OpenAI, SGLang)
+_LIMIT_PATTERNS = (re.compile(r"maximum context length is (\d+)", re.I),
+                   re.compile(r"maximum model length of (\d+)", re.I),
+                   re.compile(r"context length \((\d+) tokens\)", re.I),
+                   re.compile(r"maximum context length of (\d+)", re.I))
+
+
+def refused_limit(message: str | None) -> int | None:
+    """The context limit a server states when it refuses a prompt as too long (an HTTP 400 whose
+    body says e.g. vLLM's "This model's maximum context length is 4096 tokens. However, you
+    requested 1 output tokens and your prompt contains at least 4097 input tokens…", its engine's
+    "The decoder prompt (length N) is longer than the maximum model length of M", SGLang's "The
+    input (N tokens) is longer than the model's context length (M tokens)"); None otherwise."""
+    if not message or "HTTP 4" not in message:
+        return None
+    for pattern in _LIMIT_PATTERNS:
+        m = pattern.search(message)
+        if m and int(m.group(1)) > 0:
+            return int(m.group(1))
+    return None
 
 
 @dataclass(frozen=True)
@@ -154,6 +177,13 @@ class Sample:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def does_not_fit(self) -> bool:
+        """Refused because prompt + max_tokens exceed the server's context: not an answer and not a
+        failure either (sending it again would be refused again); a compare leaves the item out of
+        both arms and says so."""
+        return self.error is not None and refused_limit(self.error) is not None
 
     @property
     def key(self) -> tuple[str, str, int]:

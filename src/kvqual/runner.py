@@ -356,7 +356,8 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         for t in transports:
             await t.aclose()
         before = store.manifest.counts
-        counts = {**before, "units": total, "ok": len(store.done), "failed": total - len(store.done),
+        counts = {**before, "units": total, "ok": len(store.done) - len(store.unfit), "failed": total - len(store.done),
+                  "does_not_fit": len(store.unfit),
                   "completion_tokens_this_session": stats.completion_tokens, "plan_units": all_units,
                   "retries": int(before.get("retries", 0)) + stats.retries,
                   "reconnects": int(before.get("reconnects", 0)) + stats.reconnects}

@@ -34,7 +34,7 @@ import orjson
 
 from kvqual import tokenstore
 from kvqual.errors import KvqualError, UsageError
-from kvqual.records import RunManifest, Sample, dumps_line
+from kvqual.records import RunManifest, Sample, dumps_line, refused_limit
 
 MANIFEST = "manifest.json"
 SAMPLES = "samples.jsonl"
@@ -239,7 +239,8 @@ class RunStore:
     def __init__(self, run_dir: Path, manifest: RunManifest, lock: RunLock | None = None) -> None:
         self.run_dir = run_dir
         self.manifest = manifest
-        self.done: set[Key] = set()  # keys answered successfully (keys only: constant memory per sample)
+        self.done: set[Key] = set()  # keys answered for good (keys only: constant memory per sample)
+        self.unfit: set[Key] = set()  # of those, prompts the server refused as longer than its context
         self._fh = None
         self._tokens: tokenstore.TokenFile | None = None
         self._lock = lock
@@ -287,8 +288,10 @@ class RunStore:
                 continue  # its token row was never written: not an answer
             line = dumps_line(obj)
             key = (obj.get("suite"), obj.get("id"), obj.get("repeat"))
-            if obj.get("error") is None:
-                kept[key] = line  # type: ignore[index]
+            if obj.get("error") is None or refused_limit(obj.get("error")) is not None:
+                kept[key] = line  # type: ignore[index]  # an answer, or a prompt refused as too long: final
+                if obj.get("error") is not None:
+                    self.unfit.add(key)  # type: ignore[arg-type]
             else:
                 failed.append(line)
         tmp = samples.with_name(f".{SAMPLES}.tmp")
@@ -309,8 +312,10 @@ class RunStore:
         if not self._pending:
             self._since = time.monotonic()
         self._pending.append(sample)
-        if sample.ok:
+        if sample.ok or sample.does_not_fit:  # a prompt refused as too long would be refused again
             self.done.add(sample.key)
+            if not sample.ok:
+                self.unfit.add(sample.key)
         if len(self._pending) >= FLUSH_ROWS or time.monotonic() - self._since >= FLUSH_SECONDS:
             self.flush()
 

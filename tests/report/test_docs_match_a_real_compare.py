@@ -44,16 +44,19 @@ class Compare:
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compare]:
     """One real compare: a suite with answers and one without, a candidate that answers 30% wrong and
-    drifts in its logprobs (so flips, examples and KL exist), Prometheus /metrics on both, and
-    `min_speedup` set (so the speedup criterion is judged). About 10 s."""
+    drifts in its logprobs (so flips, examples and KL exist), Prometheus /metrics on both, a prompt
+    longer than the servers' 300-token context, and `min_speedup` set (so the speedup criterion is
+    judged). About 10 s."""
     folder = tmp_path_factory.mktemp("real-compare")
-    base = start_fake("--kv-cache-dtype", "bf16", "--metrics")
-    cand = start_fake("--kv-cache-dtype", "fp8_e4m3", "--wrong-rate", "0.3", "--logprob-noise", "0.3", "--metrics")
+    base = start_fake("--kv-cache-dtype", "bf16", "--metrics", "--max-model-len", "300")
+    cand = start_fake("--kv-cache-dtype", "fp8_e4m3", "--wrong-rate", "0.3", "--logprob-noise", "0.3", "--metrics",
+                      "--max-model-len", "300")
     try:
         write_suite(folder / "arith.jsonl", [{"id": f"q{i}", "prompt": f"Question {i}: [[answer={i}]] A:",
                                               "answer": str(i), "scorer": "exact"} for i in range(40)])
         write_suite(folder / "free.jsonl", [{"id": f"f{i}", "prompt": f"Tell me about topic number {i}"}
-                                            for i in range(40)])
+                                            for i in range(40)]
+                    + [{"id": "long", "prompt": "word " * 400 + "Summarise."}])  # does not fit 300 tokens
         (folder / "kvqual.toml").write_text(
             f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "bf16"\n'
             f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8_e4m3"\n'

@@ -32,11 +32,14 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
     p.add_argument("--aa-fraction", type=float,
                    help="share of items in the A/A generation replicate (default 0.25; 0 = none)")
     p.add_argument("--max-items", type=int, help="budget: items judged at most (default: every item of the suites)")
-    p.add_argument("--max-minutes", type=float, help="budget: no new round starts after this many minutes")
+    p.add_argument("--max-minutes", type=float,
+                   help="budget in server time: a round starts only if, at the rate so far, it would end within "
+                        "this many minutes (default 30; the built-in CPU targets 5; 0 = no limit)")
     p.add_argument("--budget-tokens", type=int,
                    help="budget: no new round after this many generated tokens, all arms together "
                         "(--max-tokens is the per-request limit)")
-    p.add_argument("--looks", type=int, help="planned looks of the sequential gate (default [gate] looks = 4)")
+    p.add_argument("--looks", type=int, help="looks of the sequential gate at most: 124 items, then twice as many "
+                                             "each look up to the pool (default [gate] looks = 5)")
     p.add_argument("--fixed-n", action="store_true", help="judge once, on every item of the budget (= --looks 1)")
     p.add_argument("--strict", action="store_true",
                    help="every suite's accuracy must be shown within the margin too ([gate] mode = \"strict\")")

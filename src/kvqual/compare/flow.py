@@ -63,6 +63,10 @@ class Compare:
     def __init__(self, config: Config, run: RunDefaults, suites: tuple[LoadedSuite, ...], base_t: Target,
                  cand_t: Target, *, teacher_forcing: bool, allow_mismatch: bool, rerun: bool, command: str,
                  speed_from: LoadEvidence | None = None) -> None:
+        # one failure policy for the whole compare, both arms alike: [gate] max_failed_rate is the share of
+        # failed requests (after their retries) above which a run, its teacher forcing or the gate stops as an
+        # infrastructure fault (exit 4); [run] max_failed_rate is for `kvqual run` and `kvqual load`
+        run = replace(run, max_failed_rate=config.gate.max_failed_rate)
         self.config, self.run, self.suites = config, run, suites
         self.speed_from = speed_from  # a load.json the speedup criterion reads instead of the answers' speed
         self.base_t, self.cand_t = base_t, cand_t
@@ -75,6 +79,9 @@ class Compare:
         self.root = Path(run.results_dir)
         self.state = CompareState()
         self.started = time.monotonic()
+        self.rounds_started: float | None = None  # when the first round began (server starts are not server time)
+        self.next_look: dict[str, Any] | None = None  # the look a budget stopped before: its items and cost
+        self.together = True
         self.tokens_spent = 0
         self.base_rounds, self.base_stop = len(self.sizes), None  # baseline rounds run (separate servers)
         # the prompt tokens a teacher-forcing window may hold on every scoring server of this comparison: the
@@ -209,28 +216,40 @@ class Compare:
         s = self.state
         assert s.bm is not None and s.cm is not None
         plan = {"pool": self.pool, "sizes": self.sizes[: k + 1] if s.stop else self.sizes, "stop": s.stop,
-                "overlap": self.overlap}
+                "overlap": self.overlap, "planned": self.sizes, "next_look": self.next_look if s.stop else None}
         return session.judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,
                              seed=self.run.seed, plan=plan, speed_from=self.speed_from)
 
-    def budget_left(self, k: int) -> str | None:
-        """Why no further round may start after round k (None: it may)."""
+    def budget_left(self, k: int, arms_done: int = 2) -> str | None:
+        """Why no further round may start after round k (None: it may). A budget only cuts a compare
+        short: the next round is priced at the rate the rounds so far ran at (server time per item, both
+        arms: `arms_done` of the two ran so far, as when the baseline's rounds run first), and it starts
+        only if it would end within `max_minutes`; the price of the look not taken goes in the report."""
         run = self.run
         if k + 1 >= len(self.sizes):
             return None
-        minutes = (time.monotonic() - self.started) / 60
-        if run.max_minutes is not None and minutes >= run.max_minutes:
-            return f"max_minutes {run.max_minutes:g} reached ({minutes:.1f} min)"
+        minutes = (time.monotonic() - (self.rounds_started or self.started)) / 60
+        per_item = minutes / self.sizes[k] * (2 / arms_done)
+        more = per_item * (self.sizes[k + 1] - self.sizes[k])
+        tokens_per_item = self.tokens_spent / self.sizes[k] * (2 / arms_done)
+        self.next_look = {"look": k + 2, "items": self.sizes[k + 1], "minutes": round(more, 2),
+                          "tokens": int(tokens_per_item * (self.sizes[k + 1] - self.sizes[k]))}
+        if run.max_minutes and minutes * (2 / arms_done) + more > run.max_minutes:
+            return (f"max_minutes {run.max_minutes:g}: the next look ({self.sizes[k + 1]} items) would take "
+                    f"~{more:.1f} more minutes at the rate so far, past the budget")
         if run.budget_tokens is not None and self.tokens_spent >= run.budget_tokens:
             return f"budget_tokens {run.budget_tokens} reached ({self.tokens_spent} generated)"
+        self.next_look = None
         return None
 
     def _decided_at(self, k: int) -> bool:
         """Judge after round k; True when the compare should stop (decided, or a budget spent)."""
         self.state.looks_taken = k + 1
-        self.state.stop = self.budget_left(k) or (self.base_stop if k + 1 == self.base_rounds else None)
+        # both servers up: the budget is checked between rounds; one at a time: the baseline's rounds decided it
+        self.state.stop = self.budget_left(k) if self.together else (
+            self.base_stop if k + 1 == self.base_rounds else None)
         with self.progress.part("judging", 0):
             report = self.judge(k)
         self.state.report = report
@@ -242,7 +261,7 @@ class Compare:
     async def execute(self) -> dict[str, Any]:
         from kvqual.commands import serving
 
-        together = serve_together(self.config, self.base_t, self.cand_t)
+        together = self.together = serve_together(self.config, self.base_t, self.cand_t)
         rd = self.run.results_dir
         self.progress = show = CompareProgress(len(self.sizes), progress_mode(None))
         show.expect(self.planned())
@@ -253,6 +272,7 @@ class Compare:
                         self.window_limit = await forcing.common_window_limit(b, c)
                     for k in range(len(self.sizes)):
                         show.start_round(k)
+                        self.rounds_started = self.rounds_started or time.monotonic()
                         await self.base_round(b, k)
                         await self.cand_round(c, k)
                         if self._decided_at(k):
@@ -263,8 +283,9 @@ class Compare:
                         self.window_limit = await forcing.common_window_limit(b)
                     for k in range(len(self.sizes)):
                         show.start_round(k)
+                        self.rounds_started = self.rounds_started or time.monotonic()
                         await self.base_round(b, k)
-                        self.base_rounds, self.base_stop = k + 1, self.budget_left(k)
+                        self.base_rounds, self.base_stop = k + 1, self.budget_left(k, arms_done=1)
                         if self.base_stop:
                             break
                 async with serving(self.cand_t, rd) as c:

@@ -22,7 +22,7 @@ from kvqual.compare.teacher import FAILED, Forced
 from kvqual.gate import (AccuracyPairs, CachePairs, GateInputs, LengthPairs, RatePairs, RequestCounts,
                          TokenCoverage, TokenPairs)
 from kvqual.gate.criteria import CONTEXT_PREFIX
-from kvqual.records import Sample
+from kvqual.records import Sample, refused_limit
 
 Key = tuple[str, str, int]
 Diversity = tuple[Mapping[Key, float | None], Mapping[Key, float | None], Mapping[Key, float | None]]  # distinct-2 by arm
@@ -404,6 +404,8 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
     arm's loop flags and distinct-2 by key, where the caller has them."""
     loops = loops or (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
     diversity = diversity or diversities(base, cand, aa)
+    unfit = does_not_fit(base, cand, aa)
+    keys = [k for k in keys if (k[0], k[1]) not in unfit]  # left out of every arm, neither answer nor failure
     suites = sorted({k[0] for k in keys})
     ab_all, _ = _pairs(base.samples, cand.samples, keys)
     aa_keys = [k for k in keys if aa is not None and k in aa.samples]
@@ -441,9 +443,27 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
         accuracy=tuple(accuracy), lengths=lengths, lengths_floor=floor, tokens=tokens, coverage=coverage,
         rates=tuple(rates), cache=cache,
         base_requests=RequestCounts(sum(1 for k in keys if k in base.samples and not base.samples[k].ok),
-                                    sum(1 for k in keys if k in base.samples)),
-        cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys)),
+                                    sum(1 for k in keys if k in base.samples), _retries(base.samples, keys)),
+        cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys),
+                                    _retries(cand.samples, keys)),
     )
+
+
+def does_not_fit(base: Arm, cand: Arm, aa: Arm | None) -> dict[tuple[str, str], int | None]:
+    """Items (suite, id) some arm's server refused as longer than its context, with the limit it
+    stated: left out of every arm (the smaller context of the two decides what both are judged on)."""
+    out: dict[tuple[str, str], int | None] = {}
+    for arm in (base, cand, aa):
+        for k, s in (arm.samples.items() if arm is not None else ()):
+            if s.does_not_fit:
+                limit, before = refused_limit(s.error), out.get((k[0], k[1]))
+                out[(k[0], k[1])] = limit if before is None else before if limit is None else min(before, limit)
+    return out
+
+
+def _retries(samples: Mapping[Key, Sample], keys: list[Key]) -> int:
+    """Requests sent again after a transient failure, over `keys` (a sample's attempts beyond its first)."""
+    return sum(max(0, (samples[k].attempts or 1) - 1) for k in keys if k in samples)
 
 
 def diversities(base: Arm, cand: Arm, aa: Arm | None) -> Diversity:

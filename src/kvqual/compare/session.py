@@ -181,13 +181,14 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         elif policy.min_speedup is not None and tb.size >= 2:
             look = replace(look, base_throughput=tb, cand_throughput=tc)
         looks.append((n, look))
-    verdict = decide_sequence(policy, looks, seed, planned=plan["sizes"])
+    verdict = decide_sequence(policy, looks, seed, planned=plan.get("planned") or plan["sizes"])
     vjson = verdict.to_json()
     taken = len(verdict.looks)
     stop = _stop_reason(verdict.verdict, taken, sizes, plan)
-    vjson["sequential"] = {**vjson.get("sequential", {}), "planned_looks": len(plan["sizes"]),
-                           "max_looks": policy.looks, "first_look": policy.first_look,
-                           "pool": plan["pool"], "sizes": list(plan["sizes"]),
+    planned = list(plan.get("planned") or plan["sizes"])
+    vjson["sequential"] = {**vjson.get("sequential", {}), "planned_looks": len(planned),
+                           "max_looks": policy.looks, "first_look": policy.first_look, "planned": planned,
+                           "next_look": plan.get("next_look"), "pool": plan["pool"], "sizes": list(plan["sizes"]),
                            "nominal_alpha": mx._r(verdict.criteria[0].level or policy.alpha, 6), "stop": stop,
                            "overlap": bool(plan.get("overlap"))}
     if verdict.verdict == "INCONCLUSIVE":
@@ -218,6 +219,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         speed = {"baseline": sb, "candidate": sc, "ratio": ratio, "comparable": comparable,
                  "note": "; ".join(notes) or None, "slower": slower}
     cov = inputs.coverage
+    unfit = {k: v for k, v in mx.does_not_fit(arm_b, arm_c, arm_a).items() if k in judged}
     methods = Counter(f.method for k, f in forced_c.items() if f.method and (k[0], k[1]) in judged)
     return {
         "schema_version": REPORT_SCHEMA_VERSION, "kvqual_version": __version__,
@@ -236,6 +238,9 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             "chunked": sum(1 for k, f in forced_c.items() if f.chunks and (k[0], k[1]) in judged),
             "window_limit": _window_limits(base_dir, bm, cm) if teacher_forcing else None},
         "capacity": capacity(bm, cm),
+        # prompts a server refused as longer than its context: left out of both arms, neither answer nor failure
+        "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
+                          "ids": [f"{suite}/{i}" for suite, i in sorted(unfit)[:20]]} if unfit else None),
         "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
         "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
         **({"steady_speed": speed_from.to_json()} if speed_from is not None else {}),
@@ -270,6 +275,7 @@ def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
         return None
     stop = seq.get("stop") or ""
     return {"pool": seq["pool"], "sizes": seq["sizes"], "overlap": bool(seq.get("overlap")),
+            "planned": seq.get("planned") or seq["sizes"], "next_look": seq.get("next_look"),
             "stop": stop.split(": ", 1)[1] if ": " in stop and
             stop.startswith("stopped") else None}
 
@@ -284,12 +290,12 @@ def _refused_coverage(inputs: Any, why: str) -> Any:
 
 def _stop_reason(verdict: str, taken: int, sizes: list[int], plan: dict[str, Any]) -> str:
     """Why the sequential compare stopped where it did, in words."""
-    planned = len(plan["sizes"])
+    planned = len(plan.get("planned") or plan["sizes"])
     if verdict != "INCONCLUSIVE":
         return f"decided at look {taken} of {planned} ({sizes[taken - 1]} of {plan['pool']} items)"
     if plan.get("stop"):
         return f"stopped at look {taken} of {planned} ({sizes[taken - 1]} items): {plan['stop']}"
-    return f"budget spent: all {sizes[taken - 1]} items judged at look {taken} of {planned}"
+    return f"the pool is spent: all {sizes[taken - 1]} items judged at look {taken} of {planned}"
 
 
 def slower_flag(ratio: Mapping[str, Any], comparable: bool, min_speedup: float | None,
@@ -322,11 +328,11 @@ def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
 def console_summary(report: dict[str, Any]) -> str:
     v = report["verdict"]
     lines = [f"{v['verdict']}: {v['reason']}"]
-    from kvqual.report.summary import capacity_line, criterion_rows, sequential_line, teacher_line
+    from kvqual.report.summary import capacity_line, criterion_rows, fit_line, sequential_line, teacher_line
 
-    tf = teacher_line(report)
-    if tf:
-        lines.append(tf)
+    for line in (teacher_line(report), fit_line(report)):
+        if line:
+            lines.append(line)
     slower = (report.get("speed") or {}).get("slower")
     if slower:
         lines.append(f"note: {slower}")

@@ -35,7 +35,6 @@ import json
 import math
 import os
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -46,7 +45,7 @@ from kvqual import tokenstore
 from kvqual.client import Transport, backoff_delay, classify, echo_payload, parse_echo
 from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError, UsageError
 from kvqual.probe import server_root
-from kvqual.records import Item, Sample, TokenLogprobs, dumps_line
+from kvqual.records import Item, Sample, TokenLogprobs, dumps_line, refused_limit
 from kvqual.store import TOKEN_DATA, decode_line
 
 # nats. Echo re-scores the server's own greedy output in one prefill; with per-request fp8 scales
@@ -62,28 +61,6 @@ ECHO_TRUST_ITEMS = 3  # own outputs scored per API kind (chat, completions) befo
 CHUNK_CONTEXT_SHARE = 0.5
 CHUNK_MIN_ROOM = 32
 CHUNK_RETRIES = 3  # refusals for length that lower the learnt limit before the item is failed
-# how engines state their limit when a prompt is too long (vLLM's renderer and engine, OpenAI, SGLang)
-_LIMIT_PATTERNS = (re.compile(r"maximum context length is (\d+)", re.I),
-                   re.compile(r"maximum model length of (\d+)", re.I),
-                   re.compile(r"context length \((\d+) tokens\)", re.I),
-                   re.compile(r"maximum context length of (\d+)", re.I))
-
-
-def refused_limit(message: str | None) -> int | None:
-    """The context limit a server states when it refuses a prompt as too long (an HTTP 400 whose
-    body says e.g. vLLM's "This model's maximum context length is 4096 tokens. However, you
-    requested 1 output tokens and your prompt contains at least 4097 input tokens…", its engine's
-    "The decoder prompt (length N) is longer than the maximum model length of M", SGLang's "The
-    input (N tokens) is longer than the model's context length (M tokens)"); None otherwise."""
-    if not message or "HTTP 4" not in message:
-        return None
-    for pattern in _LIMIT_PATTERNS:
-        m = pattern.search(message)
-        if m and int(m.group(1)) > 0:
-            return int(m.group(1))
-    return None
-
-
 Window = tuple[int, int, int]  # (context start, first scored, end): completion indices of one scoring request
 
 

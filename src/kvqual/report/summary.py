@@ -550,6 +550,20 @@ def teacher_line(report: Mapping[str, Any]) -> str | None:
     return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){how}{windows}{why}"
 
 
+def fit_line(report: Mapping[str, Any]) -> str | None:
+    """Prompts a server refused as longer than its context: left out of both arms, never failures."""
+    unfit = report.get("does_not_fit") or {}
+    n = unfit.get("items") or 0
+    if not n:
+        return None
+    limit = unfit.get("limit")
+    where = f"a {int(limit):,}-token context" if limit else "the server's context"
+    ids = unfit.get("ids") or []
+    shown = ", ".join(ids[:3]) + (", …" if n > 3 else "")
+    return (f"{n} prompt{'s' if n != 1 else ''} do{'' if n != 1 else 'es'} not fit {where} (prompt + max_tokens): "
+            f"left out of both arms, not counted as failures ({shown})")
+
+
 def capacity_line(report: Mapping[str, Any]) -> str | None:
     """KV capacity of both arms as their servers report it, and the ratio (what fp8 buys)."""
     cap = report.get("capacity") or {}
