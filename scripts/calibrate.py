@@ -74,7 +74,7 @@ SUITES: tuple[SuiteSpec, ...] = (
     SuiteSpec("instruct", 30, 0, 0.57, 50.0),
 )
 MIX = sum(s.items for s in SUITES)  # 124: the proportions of the mix
-DEFAULT_POOL = 16 * MIX  # 1,984: profile:default, the pool a compare draws its looks from
+DEFAULT_POOL = 17 * MIX  # 2,108: profile:default, the pool a compare draws its looks from
 LEN_SIGMA = 0.7  # lognormal spread of an item's canonical length around its suite's median
 
 
@@ -339,9 +339,14 @@ def simulate(rng: np.random.Generator, pool: int = DEFAULT_POOL, noise: Noise = 
     aa_ok, aa_len, aa_lp = run()
     cand_ok, cand_len, cand_lp = run(0.0 if effect.is_aa else effect.diverge)
     # the candidate's own changes, drawn per item on a deterministic server (repeats identical)
-    mean_ok = (1 - noise.fragile) * acc + noise.fragile * (noise.p_canonical * acc + (1 - noise.p_canonical) * 0.5)
-    if effect.acc_drop:  # independent of the run's outcome, so E[cand] = E[base] − acc_drop exactly
-        hurt = rng.random(pool) < effect.acc_drop / mean_ok
+    def expected_ok(p_canonical: float) -> np.ndarray:  # per item: P(right) of a run with this canonical share
+        return (1 - noise.fragile) * acc + noise.fragile * (p_canonical * acc + (1 - p_canonical) * 0.5)
+
+    mean_ok = expected_ok(noise.p_canonical)
+    if effect.acc_drop:  # independent of the run's outcome; sized so that E[cand] = E[base] − acc_drop exactly,
+        # the candidate's own divergence included (a diverged fragile answer is a coin flip: it moves accuracy to ½)
+        cand_ok_mean = expected_ok(noise.p_canonical * (1 - (0.0 if effect.is_aa else effect.diverge)))
+        hurt = rng.random(pool) < np.clip(1 - (mean_ok - effect.acc_drop) / cand_ok_mean, 0.0, 1.0)
         cand_ok = cand_ok & ~rep(hurt)
     if effect.flip:  # as many right→wrong as wrong→right in expectation: P(flip | right)·acc = P(flip | wrong)·(1 − acc)
         u = _per_unit(rng, pool, R, det, lambda g, n: g.random(n))
@@ -870,7 +875,7 @@ first sizes[k] items of a random item order. Both designs are judged on the same
 ## The simulator
 
 Each simulated compare draws a fresh pool in the default mix's proportions ({", ".join(f"{s.name} {s.items}"
-for s in SUITES)} per {MIX} items, × 16 in the {DEFAULT_POOL:,}-item pool), needles with 3 questions per shared
+for s in SUITES)} per {MIX} items, × 17 in the {DEFAULT_POOL:,}-item pool), needles with 3 questions per shared
 document and kv_recall 4 per shared context (clusters `ctx:<doc>`), every other item its own cluster (`item:<suite>\\x00<id>`:
 102 clusters per 124 items). Three generation runs (baseline, A/A replicate on a random {AA_FRACTION:.0%} of items,
 candidate) and two teacher-forcing passes against the baseline's completion (candidate, A/A floor)

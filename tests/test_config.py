@@ -162,7 +162,7 @@ def test_a_config_that_names_no_suites_runs_the_default_mix(tmp_path, monkeypatc
     config, run, suites = prepare(None, {}, None)
     assert not config.builtin and config.target("a").kv_cache_dtype == "q8_0"  # llama.cpp's name is accepted
     assert {s.ref.name for s in suites} == {s.ref.name for s in prepare(None, {"suites": [DEFAULT_PROFILE]}, None)[2]}
-    assert sum(len(s.items) for s in suites) == 1984  # the default pool (profile:quick is 124)
+    assert sum(len(s.items) for s in suites) == 2108  # the default pool (profile:quick is 124)
 
 
 def test_builtin_cache_targets_launch_the_cache_paths():

@@ -87,8 +87,8 @@ def test_profile_and_category_specs_resolve():
     suites = load_suites(["profile:default"], seed=0, limit=None)
     by_name = {s.ref.name: s for s in suites}
     assert by_name["passkey"].ref.source == "builtin:passkey[len512,len1024]?seed=0"
-    assert by_name["passkey"].ref.n_items == 128
-    assert sum(s.ref.n_items for s in suites) == 1984
+    assert by_name["passkey"].ref.n_items == 136
+    assert sum(s.ref.n_items for s in suites) == 2108
     assert [s.ref.n_items for s in load_suites(["profile:quick"], seed=0, limit=None)] == [8, 6, 24, 16, 40, 30]
     assert {it.category for it in by_name["passkey"].items} == {"len512", "len1024"}
     assert by_name["arith"].ref.source == "builtin:arith?seed=0"

@@ -60,7 +60,7 @@ def test_simulator_builds_the_default_mix_with_its_clusters_and_floors() -> None
     assert 100 <= bigrams.base.size < 124 and 0.03 < bigrams.base.mean() < 0.12  # distinct-2 ≈ 0.94, as measured
     assert x.tokens.kl_floor.mean() > 0 and x.tokens.top1_floor.mean() < 1  # a measured, nonzero floor
     assert calibrate.suite_sizes(500) == [32, 24, 97, 65, 161, 121] and sum(calibrate.suite_sizes(1000)) == 1000
-    assert calibrate.DEFAULT_POOL == 1984 and calibrate.suite_sizes(1984) == [128, 96, 384, 256, 640, 480]
+    assert calibrate.DEFAULT_POOL == 2108 and calibrate.suite_sizes(2108) == [136, 102, 408, 272, 680, 510]
     # the noisy server: ~23% byte-identical outputs, ~7% of items flip between two A/A runs
     flips, same = [], []
     for _ in range(40):

@@ -188,19 +188,19 @@ def test_profiles_name_real_suites_and_quick_is_small() -> None:
     assert max(it.meta["length_tokens"] for it in items if it.suite in ("passkey", "needles")) <= 1024
 
 
-def test_default_is_a_pool_of_16_quick_mixes_with_distinct_prompts() -> None:
+def test_default_is_a_pool_of_17_quick_mixes_with_distinct_prompts() -> None:
     quick, pool = PROFILES["quick"], PROFILES["default"]
     assert [(name, cats) for name, _, cats in pool] == [(name, cats) for name, _, cats in quick]
-    assert [n for _, n, _ in pool] == [16 * n for _, n, _ in quick] == [128, 96, 384, 256, 640, 480]
+    assert [n for _, n, _ in pool] == [17 * n for _, n, _ in quick] == [136, 102, 408, 272, 680, 510]
     items = _profile_items("default")
-    assert len(items) == 1984 == 124 * 16  # the gate's last look
-    assert len({_prompt_key(it) for it in items}) == 1984
+    assert len(items) == 2108 == 124 * 17  # the gate's last look: at least 2,000 distinct prompts
+    assert len({_prompt_key(it) for it in items}) == 2108
     by_suite = Counter(it.suite for it in items)
-    assert {name: by_suite[name] / 1984 for name, _, _ in quick} == {name: n / 124 for name, n, _ in quick}
+    assert {name: by_suite[name] / 2108 for name, _, _ in quick} == {name: n / 124 for name, n, _ in quick}
     # each entry's categories, in the proportions the suite cycles them
     assert {it.category for it in items if it.suite == "passkey"} == {"len512", "len1024"}
-    assert Counter(it.category for it in items if it.suite == "arith") == dict.fromkeys(generated.ARITH_FACTS, 128)
-    assert Counter(it.category for it in items if it.suite == "instruct") == dict.fromkeys(generated.INSTRUCT_KINDS, 96)
+    assert Counter(it.category for it in items if it.suite == "arith") == dict.fromkeys(generated.ARITH_FACTS, 136)
+    assert Counter(it.category for it in items if it.suite == "instruct") == dict.fromkeys(generated.INSTRUCT_KINDS, 102)
     assert max(it.meta["length_tokens"] for it in items if it.suite in ("passkey", "needles")) <= 1024
     # the quick mix is the head of each of the pool's entries: the same items
     pool_ids = {it.id for it in items}
@@ -237,8 +237,8 @@ def test_cli_lists_suites(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for suite in BUILTIN_SUITES.values():
         assert re.search(rf"^{suite.name}\s+{suite.default_n}\s+\S", out, re.M)
-    assert re.search(r"^profile default \(1984 items\): 128×passkey\[len512,len1024\], 96×needles\[len512\], "
-                     r"384×kv_recall, 256×long_decode, 640×arith, 480×instruct$", out, re.M)
+    assert re.search(r"^profile default \(2108 items\): 136×passkey\[len512,len1024\], 102×needles\[len512\], "
+                     r"408×kv_recall, 272×long_decode, 680×arith, 510×instruct$", out, re.M)
     assert re.search(r"^profile quick \(124 items\): 8×passkey\[len512,len1024\], 6×needles\[len512\], ", out, re.M)
     assert re.search(r"^arith\s+50\s+5,762\s+number ", out, re.M)  # how many items are distinct
     assert "profile thorough (502 items):" in out

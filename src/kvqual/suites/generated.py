@@ -451,11 +451,11 @@ ProfileEntry = tuple[str, int, tuple[str, ...]]
 QUICK_MIX: tuple[ProfileEntry, ...] = (
     ("passkey", 8, ("len512", "len1024")), ("needles", 6, ("len512",)), ("kv_recall", 24, ()),
     ("long_decode", 16, ()), ("arith", 40, ()), ("instruct", 30, ()))
-POOL_SCALE = 16  # the default pool is 16 quick mixes: the gate's looks at 124, 248, ..., 1,984 items
+POOL_SCALE = 17  # the default pool is 17 quick mixes, 2,108 items: the gate's looks at 124, 252, 511, 1,038, 2,108
 
 PROFILES: dict[str, tuple[ProfileEntry, ...]] = {
     # the pool a compare draws its seeded order from: the quick mix's suites, categories and
-    # proportions at 16x (1,984 items, every prompt distinct); the long-context suites keep their
+    # proportions at 17x (2,108 items, every prompt distinct); the long-context suites keep their
     # 512/1K-token items, 2K-token pass keys (bf16 gets 0/6) stay in thorough
     "default": tuple((name, POOL_SCALE * n, cats) for name, n, cats in QUICK_MIX),
     # the small mix (124 items) for smoke runs and tests: a few minutes for `compare` on the
