@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On the GPU host, after up.sh: run kvqual commands one after the other, each timed, and bring back what a
+# report needs in few files (the run tool returns at most 8): $OUT/checks.txt (every command, its exit code,
+# wall time and console output) and $OUT/reports.tgz (report.json and report.md of every compare folder).
+# usage: bash scripts/gpu/checks.sh "NAME: kvqual args" ["NAME: kvqual args" ...]
+#   e.g. bash scripts/gpu/checks.sh "aa-quick: compare bf16 bf16b --suite profile:quick" "aa-pool: compare bf16 bf16b"
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+out=${OUT:-/tmp/g/checks}
+mkdir -p "$out"
+for spec in "$@"; do
+  name=${spec%%:*}
+  args=${spec#*: }
+  t0=$(date +%s%N)
+  # shellcheck disable=SC2086  # args: a list of arguments
+  OUT='' CI=true bash scripts/gpu/kvqual.sh $args > "/tmp/g/$name.txt" 2>&1
+  rc=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  { echo "=== $name: kvqual $args"; echo "exit $rc, wall $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
+    grep -v '^[[:space:]]*$' "/tmp/g/$name.txt" | tail -45; echo; } | tee -a "$out/checks.txt"
+done
+tar czf "$out/reports.tgz" results/compare-*/report.json results/compare-*/report.md 2> /dev/null || true
