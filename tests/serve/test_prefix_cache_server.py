@@ -1,10 +1,15 @@
 """The prefix cache on the real model over local HTTP: warm hits agree with cold prefills, echo
-never reads, cached_tokens, salts, flush, metrics, the host tier and the stale-cache-block fault."""
+never reads, cached_tokens, salts, flush, metrics, the host tier and the stale-cache-block fault.
+
+Warm against cold is judged against fp8's own rounding noise measured here (logprob_gaps.py), over
+the tokens of 7 questions, never against a fixed figure: those depend on the CPU's kernels."""
 
 import json
 
 import httpx
 import pytest
+
+from logprob_gaps import FP8_PAIR_FACTOR, SAME_PATH_SHARE, Run, gaps, mean_gap, parts_only_at_near_ties
 
 pytestmark = pytest.mark.slow
 
@@ -14,7 +19,14 @@ DOC = (
     "movable metal type, oil-based inks and a wooden press adapted from wine making. Books became cheaper, "
     "literacy spread, and scholars across Europe could compare identical copies of the same text. "
 ) * 2
-QUESTIONS = ("\n\nQuestion: What did Gutenberg combine?\nAnswer:", "\n\nQuestion: What became cheaper?\nAnswer:")
+QUESTIONS = ("\n\nQuestion: What did Gutenberg combine?\nAnswer:", "\n\nQuestion: What became cheaper?\nAnswer:",
+             "\n\nQuestion: In which century does the history begin?\nAnswer:", "\n\nQuestion: What spread?\nAnswer:",
+             "\n\nQuestion: What could scholars compare?\nAnswer:",
+             "\n\nQuestion: Where was the press adapted from?\nAnswer:",
+             "\n\nQuestion: Who combined movable type and ink?\nAnswer:",
+             "\n\nQuestion: What kind of inks were used?\nAnswer:")
+LATER = QUESTIONS[1:]  # asked after QUESTIONS[0] has put the document in the cache
+ANSWER_TOKENS = 16
 METRICS = ("prefix_cache_queries_total", "prefix_cache_hits_total", "hicache_host_hits_total",
            "prefix_cache_evictions_total", "prefix_cache_tokens", "hicache_host_tokens", "cache_hit_rate")
 
@@ -34,6 +46,12 @@ def _complete(url, prompt, max_tokens=12, **extra):
     return r.json()
 
 
+def _run(url, prompt):
+    """Greedy, ANSWER_TOKENS tokens, with each position's top-2 (for near-ties) and the token ids."""
+    response = _complete(url, prompt, max_tokens=ANSWER_TOKENS, logprobs=2, return_tokens_as_token_ids=True)
+    return Run.of(response), response
+
+
 def _cached(response):
     return response["usage"]["prompt_tokens_details"]["cached_tokens"]
 
@@ -48,40 +66,73 @@ def _flush(url):
     assert r.status_code == 200 and r.text.startswith("Cache flushed.")
 
 
-def _warm_vs_cold(cached_url, cold_url):
-    _flush(cached_url)
-    first = _complete(cached_url, DOC + QUESTIONS[0])
-    assert _cached(first) == 0
-    warm = _complete(cached_url, DOC + QUESTIONS[1])
-    cold = _complete(cold_url, DOC + QUESTIONS[1])
-    assert "prompt_tokens_details" not in cold["usage"]  # a server without a prefix cache does not say
+@pytest.fixture(scope="module")
+def cold(bf16_url, fp8_url):
+    """The later questions prefilled cold on bf16 and on fp8 (servers without a prefix cache), and
+    fp8's rounding noise on them: mean |Δ logprob| of fp8 against bf16 (~0.08-0.09 nats here)."""
+    runs = {}
+    for dtype, url in (("bf16", bf16_url), ("fp8", fp8_url)):
+        runs[dtype] = []
+        for q in LATER:
+            run, response = _run(url, DOC + q)
+            assert "prompt_tokens_details" not in response["usage"]  # a server without a prefix cache does not say
+            runs[dtype].append(run)
+    noise = gaps(runs["fp8"], runs["bf16"])
+    assert len(noise) >= 20, f"fp8 against bf16: only {len(noise)} comparable tokens"
+    runs["noise"] = sum(noise) / len(noise)
+    return runs
+
+
+def _warm_runs(cached_url):
+    """Each later question on an empty cache after QUESTIONS[0] put the document there: every one is
+    warm from that one entry (it adopts its fp8 scales), none from another later question's entry."""
     shared = len(httpx.post(cached_url + "/tokenize", json={"prompt": DOC}).json()["tokens"])
-    n = _cached(warm)  # every full block of the shared document (and of the "Question: What" after it)
-    assert n % 16 == 0 and shared - 16 < n < warm["usage"]["prompt_tokens"]
-    return first, warm, cold
+    runs = []
+    for q in LATER:
+        _flush(cached_url)
+        assert _cached(_complete(cached_url, DOC + QUESTIONS[0], max_tokens=1)) == 0
+        run, response = _run(cached_url, DOC + q)
+        n = _cached(response)  # every full block of the shared document (and of the "Question: " after it)
+        assert n % 16 == 0 and shared - 16 < n < response["usage"]["prompt_tokens"]
+        runs.append(run)
+    return runs
 
 
-def test_bf16_warm_greedy_equals_cold(cached_bf16_url, bf16_url):
-    first, warm, cold = _warm_vs_cold(cached_bf16_url, bf16_url)
-    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
-    w, c = warm["choices"][0]["logprobs"]["token_logprobs"], cold["choices"][0]["logprobs"]["token_logprobs"]
-    # not bit for bit: the rest of the prompt is prefilled as a shorter matrix, so float32 rounding
-    # differs and bf16 storage makes it visible (measured: max 0.009 nats over 16 tokens, mean ~0)
-    assert max(abs(a - b) for a, b in zip(w, c)) < 0.05
-    assert first["choices"][0]["text"] == _complete(bf16_url, DOC + QUESTIONS[0])["choices"][0]["text"]
+def test_bf16_warm_hits_match_cold(cached_bf16_url, bf16_url, cold):
+    _flush(cached_bf16_url)
+    first = _complete(cached_bf16_url, DOC + QUESTIONS[0])
+    assert _cached(first) == 0  # a miss is the cold computation itself: the same numbers on any CPU
+    assert first["choices"][0]["logprobs"] == _complete(bf16_url, DOC + QUESTIONS[0])["choices"][0]["logprobs"]
+    warm = _warm_runs(cached_bf16_url)
+    gap, noise = mean_gap(warm, cold["bf16"]), cold["noise"]
+    print(f"bf16 warm vs cold: mean |Δ logprob| {gap:.5f} over {len(gaps(warm, cold['bf16']))} tokens; "
+          f"fp8's rounding noise {noise:.4f}")
+    # not bit for bit: the rest of the prompt is prefilled as a shorter matrix, whose float32 rounding
+    # differs by CPU (this Xeon: ~0.002 nats, 1/40 of fp8's noise; with SSE kernels: 0)
+    assert gap <= SAME_PATH_SHARE * noise, (gap, noise)
+    assert parts_only_at_near_ties(warm, cold["bf16"], tie=noise) == []
 
 
-def test_fp8_warm_hit_stays_close_to_cold(fp8_url):
+def test_fp8_warm_hits_stay_within_fp8_rounding_noise(fp8_url, cold):
     from kvqual.serve import running_server
 
     with running_server(kv_cache_dtype="fp8_e4m3", port=0, max_batch=4, enable_prefix_caching=True) as url:
-        first, warm, cold = _warm_vs_cold(url, fp8_url)
-        again = _complete(url, DOC + QUESTIONS[0])  # the same prompt: its own scales, its own K/V
-    assert _cached(again) > 0 and again["choices"][0]["text"] == first["choices"][0]["text"]
-    # another question adopts the first prompt's scales (prefixcache.py), so greedy text may differ
-    # from a cold prefill, which calibrates its own; the logprobs stay at fp8's rounding level
-    w, c = warm["choices"][0]["logprobs"]["token_logprobs"][0], cold["choices"][0]["logprobs"]["token_logprobs"][0]
-    assert abs(w - c) < 0.1
+        warm = _warm_runs(url)
+        _flush(url)
+        first, _ = _run(url, DOC + QUESTIONS[0])
+        again, response = _run(url, DOC + QUESTIONS[0])  # the same prompt: its own scales, its own K/V
+    assert _cached(response) > 0
+    # another question adopts the first prompt's scales (prefixcache.py): its K/V are another fp8
+    # rounding of the prompt than a cold prefill's, which calibrates its own. Each is one fp8 rounding
+    # away from bf16, so the two may be up to two apart (logprob_gaps.py), and greedy text may differ
+    # (measured: the same on 2-5 of 7 questions, by kernel set). A single token's gap is no yardstick:
+    # 0.139 nats on a Zen 5 EPYC against < 0.1 on this Xeon (issue 37), 0.03-0.45 across questions here.
+    gap, noise = mean_gap(warm, cold["fp8"]), cold["noise"]
+    again_gap = mean_gap([again], [first])
+    print(f"fp8 warm vs cold: mean |Δ logprob| {gap:.4f} over {len(gaps(warm, cold['fp8']))} tokens, "
+          f"its own entry again {again_gap:.4f}; fp8's rounding noise {noise:.4f}")
+    assert gap <= FP8_PAIR_FACTOR * noise, (gap, noise)
+    assert again_gap <= FP8_PAIR_FACTOR * noise, (again_gap, noise)
 
 
 def test_usage_metrics_and_flush(cached_bf16_url):
@@ -152,13 +203,17 @@ def test_host_tier_serves_what_the_budget_evicted():
         info = httpx.get(url + "/get_server_info").json()
         assert info["enable_prefix_caching"] and info["enable_hierarchical_cache"] and info["hicache_size"] == 0.01
         ids_a, ids_b = list(range(1000, 1040)), list(range(2000, 2040))
-        cold = _complete(url, ids_a, max_tokens=8)
+        assert _cached(_complete(url, ids_a, max_tokens=8)) == 0
+        device = _complete(url, ids_a, max_tokens=8)  # warm from the device store
+        assert _cached(device) == 32 and _metric(url, "hicache_host_hits_total") == 0
         _complete(url, ids_b, max_tokens=8)  # evicts a's 32 tokens to the host tier
         assert _metric(url, "prefix_cache_tokens") <= 43 and _metric(url, "hicache_host_tokens") == 32
         assert _metric(url, "prefix_cache_evictions_total") == 1
         warm = _complete(url, ids_a, max_tokens=8)
         assert _cached(warm) == 32 and _metric(url, "hicache_host_hits_total") == 32
-        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        # the host tier is a byte round trip: the same computation as the hit from the device store, so
+        # the same numbers on any CPU (warm against cold is test_bf16_warm_hits_match_cold's)
+        assert warm["choices"][0]["logprobs"] == device["choices"][0]["logprobs"]
         assert _metric(url, "prefix_cache_tokens") <= 43
 
 
