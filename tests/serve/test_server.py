@@ -6,6 +6,8 @@ import httpx
 import openai
 import pytest
 
+from logprob_gaps import SAME_PATH_SHARE, Run, mean_gap, parts_only_at_near_ties, token_gap
+
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -86,7 +88,7 @@ def test_fp8_changes_prompt_scoring_but_stays_close(bf16_url, fp8_url):
     assert sum(diffs) / len(diffs) < 0.5
 
 
-def test_chat_logprobs_and_echo_agree_with_generation(bf16_url):
+def test_chat_logprobs_and_echo_agree_with_generation(bf16_url, fp8_url):
     r = _client(bf16_url).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Name three colors."}], max_tokens=12,
         temperature=0, logprobs=True, top_logprobs=3,
@@ -99,11 +101,19 @@ def test_chat_logprobs_and_echo_agree_with_generation(bf16_url):
                                                 logprobs=1, extra_body={"return_tokens_as_token_ids": True})
     out_ids = [int(t.split(":")[1]) for t in gen.choices[0].logprobs.tokens]
     assert gen.choices[0].text == r.choices[0].message.content
-    echo = _client(bf16_url).completions.create(model=MODEL, prompt=prompt_ids + out_ids, max_tokens=0, echo=True,
-                                                 logprobs=0)
-    rescored = echo.choices[0].logprobs.token_logprobs[len(prompt_ids):]
-    for a, b in zip(rescored, gen.choices[0].logprobs.token_logprobs):
-        assert a == pytest.approx(b, abs=2e-2)
+
+    def rescore(url):
+        echo = _client(url).completions.create(model=MODEL, prompt=prompt_ids + out_ids, max_tokens=0, echo=True,
+                                                logprobs=0)
+        return echo.choices[0].logprobs.token_logprobs[len(prompt_ids):]
+
+    # one prefill scores the generated tokens as the decode steps did, up to float32 rounding of other
+    # matrix shapes (its size depends on the CPU's kernels): within a share of fp8's rounding noise on
+    # the same tokens, measured here (logprob_gaps.py), rather than a fixed figure per token
+    rescored, noise = rescore(bf16_url), token_gap(rescore(fp8_url), rescore(bf16_url))
+    gap = token_gap(rescored, gen.choices[0].logprobs.token_logprobs)
+    print(f"echo vs generation: mean |Δ logprob| {gap:.5f} over {len(rescored)} tokens; fp8's rounding noise {noise:.4f}")
+    assert gap <= SAME_PATH_SHARE * noise, (gap, noise)
 
 
 def test_seed_stop_and_length(bf16_url):
@@ -138,20 +148,27 @@ def test_bad_requests_get_openai_errors(bf16_url, body):
     assert ok.status_code == 200
 
 
-def test_batched_greedy_matches_single(bf16_url):
+def test_batched_greedy_matches_single(bf16_url, fp8_url):
     topics = ["rain", "cats", "the moon", "bread", "rivers", "chess", "winter", "music"]
     prompts = [_chat_ids(bf16_url, f"Write one sentence about {t}.") for t in topics]
-    c = _client(bf16_url)
-    single = [c.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0).choices[0].text
-              for p in prompts]
 
-    async def together():
-        ac = openai.AsyncOpenAI(base_url=bf16_url + "/v1", api_key="none", max_retries=0)
-        rs = await asyncio.gather(*(ac.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0)
-                                    for p in prompts))
-        return [r.choices[0].text for r in rs]
+    def body(prompt):
+        return {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 2,
+                "return_tokens_as_token_ids": True}
 
-    batched = asyncio.run(together())
-    same = sum(a == b for a, b in zip(single, batched))
-    print(f"batched == single greedy: {same}/{len(prompts)}")
-    assert same >= len(prompts) - 2  # float32 reduction order may flip a near-tie (docs/serve.md)
+    single = [Run.of(httpx.post(bf16_url + "/v1/completions", json=body(p), timeout=120).json()) for p in prompts]
+
+    async def together(url):
+        async with httpx.AsyncClient(timeout=120) as client:
+            rs = await asyncio.gather(*(client.post(url + "/v1/completions", json=body(p)) for p in prompts))
+        return [Run.of(r.json()) for r in rs]
+
+    batched, fp8 = asyncio.run(together(bf16_url)), asyncio.run(together(fp8_url))
+    # float32 reductions over padded, batched attention/matmuls round differently (by how much depends on
+    # the CPU's kernels), which can flip a near-tie (docs/serve.md): judged against fp8's rounding noise
+    # on the same batch, measured here (logprob_gaps.py), not a count of equal outputs
+    gap, noise = mean_gap(batched, single), mean_gap(fp8, batched)
+    same = sum(a.ids == b.ids for a, b in zip(single, batched))
+    print(f"batched == single greedy: {same}/{len(prompts)}; mean |Δ logprob| {gap:.5f}, fp8's rounding noise {noise:.4f}")
+    assert gap <= SAME_PATH_SHARE * noise, (gap, noise)
+    assert parts_only_at_near_ties(batched, single, tie=noise) == []

@@ -11,6 +11,8 @@ from kvqual.client import chat_payload, completion_payload, parse_chat, parse_co
 from kvqual.compare.teacher import TeacherForcer, check_echo_trust
 from kvqual.records import GenerationParams, Item, Sample
 
+from logprob_gaps import SAME_PATH_SHARE
+
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -50,15 +52,21 @@ def test_generation_returns_ids_and_forcing_scores_exactly_those_ids(bf16_url, f
     for sample, forced in zip(samples, own):
         assert forced.aligned and forced.method == "ids", forced.reason
         assert forced.logprobs.token_ids == sample.logprobs.token_ids  # the chat item too: no text involved
-    # the server's own outputs re-scored in one prefill agree with what it reported while decoding
-    mean = check_echo_trust(list(zip(samples, own)), bf16_url)
-    assert mean is not None and mean < 0.01
     # another server scores the same ids; its distributions differ a little (fp8 K/V), never its tokens
     other = asyncio.run(_force(fp8_url, pairs))
     for sample, forced in zip(samples, other):
         assert forced.aligned and forced.method == "ids"
         assert forced.logprobs.token_ids == sample.logprobs.token_ids
         assert all(set(t) and all(k.startswith("token_id:") for k in t) for t in forced.logprobs.top_logprobs)
+    # the server's own outputs re-scored in one prefill agree with what it reported while decoding: by
+    # less than a share of fp8's rounding noise on the same tokens (logprob_gaps.py), not a fixed figure
+    mean = check_echo_trust(list(zip(samples, own)), bf16_url)
+    fp8_vs_bf16 = [abs(a - b) for f, o in zip(other, own)
+                   for a, b in zip(f.logprobs.token_logprobs, o.logprobs.token_logprobs, strict=True)]
+    noise = sum(fp8_vs_bf16) / len(fp8_vs_bf16)
+    print(f"bf16 echo vs generation: mean |Δ logprob| {mean:.5f}; fp8's rounding noise {noise:.4f} "
+          f"over {len(fp8_vs_bf16)} tokens")
+    assert mean is not None and mean <= SAME_PATH_SHARE * noise, (mean, noise)
 
 
 def test_a_prompt_that_renders_to_other_ids_is_left_out_with_why(bf16_url):
