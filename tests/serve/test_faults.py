@@ -8,6 +8,8 @@ import pytest
 
 from kvqual import probe
 
+from logprob_gaps import token_gap
+
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -37,8 +39,13 @@ def test_fault_is_reported_only_as_kv_fault(broken_url, bf16_url):
     assert httpx.get(bf16_url + "/get_server_info").json()["kv_fault"] == "none"
 
 
-def test_ignore_scale_on_read_wrecks_prompt_scoring(broken_url, bf16_url):
-    good, bad = _echo(bf16_url), _echo(broken_url)
-    assert len(good) == len(bad)
+def test_ignore_scale_on_read_wrecks_prompt_scoring(broken_url, bf16_url, fp8_url):
+    good, bad, healthy = _echo(bf16_url), _echo(broken_url), _echo(fp8_url)
+    assert len(good) == len(bad) == len(healthy)
+    # a property of the model, not of the CPU: kernels move a bf16 logprob by ~1e-3 nats, not 1
     assert sum(good) / len(good) > -2.5  # the model knows these capitals
-    assert sum(bad) / len(bad) < sum(good) / len(good) - 3  # nats per token: far past fp8's ~0.02
+    # what the fault takes from the true text, per token, against what a healthy fp8 cache moves it on
+    # the same text, measured here (logprob_gaps.py; the fault's own numbers are chaotic, docs/serve.md)
+    drop, noise = (sum(good) - sum(bad)) / len(good), token_gap(healthy, good)
+    print(f"the fault takes {drop:.2f} nats/token from the true text; fp8's rounding noise {noise:.4f}")
+    assert drop > 50 * noise, (drop, noise)  # measured ~500x: no rounding, a broken cache
