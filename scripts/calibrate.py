@@ -1005,21 +1005,14 @@ fail test at its size, the worst false-FAIL rate is {truth_fail:.3f} (α = {alph
 
     # ---- 4. power
     add(f"## 4. Power: candidates that should FAIL, and ones that should PASS (GPU pattern, {DEFAULT_POOL:,}-item pool)\n")
-    rows = []
-    for label, cells in res["power"].items():
-        for d in (False, True):
-            c = cells[d]
-            rows.append([label if d is False else "", D[d], c.fmt("FAIL"), c.fmt("PASS"), c.fmt("INCONCLUSIVE"),
-                         c.fmt_mean("items"), _top_failed(c)])
-    add(_table(rows, ["candidate", "design", "FAIL", "PASS", "INCONCLUSIVE", "mean items", "failed most often"]))
+    def power_table(cells_by: dict[str, dict[bool, Cell]], last: str, why: Callable[[Cell], str]) -> str:
+        rows = [[label if d is False else "", D[d], c.fmt("FAIL"), c.fmt("PASS"), c.fmt("INCONCLUSIVE"),
+                 c.fmt_mean("items"), why(c)] for label, cells in cells_by.items() for d, c in cells.items()]
+        return _table(rows, ["candidate", "design", "FAIL", "PASS", "INCONCLUSIVE", "mean items", last])
+
+    add(power_table(res["power"], "failed most often", _top_failed))
     add("\nThe two working candidates on a noisy server (23% identical):\n")
-    rows = []
-    for label, cells in res["power_noisy"].items():
-        for d in (False, True):
-            c = cells[d]
-            rows.append([label if d is False else "", D[d], c.fmt("FAIL"), c.fmt("PASS"), c.fmt("INCONCLUSIVE"),
-                         c.fmt_mean("items"), _blockers(c)])
-    add(_table(rows, ["candidate", "design", "FAIL", "PASS", "INCONCLUSIVE", "mean items", "left open"]))
+    add(power_table(res["power_noisy"], "left open", _blockers))
     b_fix, b_seq = res["power"][BROKEN_LABEL][False], res["power"][BROKEN_LABEL][True]
     w_seq, f_seq = res["power"][WORKING_LABEL][True], res["power"][FLIPS_LABEL][True]
     tail = res["power"][TAIL_LABEL]

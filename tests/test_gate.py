@@ -454,3 +454,31 @@ def test_teacher_forcing_lost_to_failed_requests_is_infrastructure_not_more_item
     v = decide(GatePolicy(), GateInputs(accuracy=(_accuracy(n, 0, 0),), tokens=tokens, lengths=_lengths(n),
                                         coverage=both, **_ok_requests(n)), RNG(0))
     assert v.exit_code == 3
+
+
+def test_every_bound_is_finite_where_all_pairs_but_one_are_identical() -> None:
+    """The GPU A/A: 123 of 124 pairs bit-identical, one slightly different, in every input the gate
+    reads. Every criterion's interval has two finite ends (the token criteria's PASS side used to be
+    [8.5e-06, inf) there), and the unchanged config PASSes at the first look of the default plan."""
+    n = 124
+    one = np.zeros(n)
+    one[7] = 4e-3
+    top1 = np.ones(n)
+    top1[7] = 0.97
+    base_len = RNG(1).integers(5, 60, n).astype(float)
+    cand_len = base_len.copy()
+    cand_len[7] += 3
+    acc = _accuracy(n, 0, 0)
+    inputs = GateInputs(accuracy=(acc,), tokens=TokenPairs(one, np.zeros(n), top1, np.ones(n)),
+                        lengths=LengthPairs(base_len, cand_len), coverage=TokenCoverage(True, n, n),
+                        rates=(RatePairs("truncation", np.zeros(n), np.r_[np.zeros(n - 1), 1.0]),),
+                        **_ok_requests(n))
+    v = decide_sequence(GatePolicy(), [(n, inputs)], 0, planned=[124, 252, 511, 1038, 2108])
+    for c in v.criteria:
+        if c.status == "not_evaluated":
+            continue
+        assert c.ci_low is not None and c.ci_high is not None, c.label
+        assert np.isfinite(c.ci_low) and np.isfinite(c.ci_high), (c.label, c.ci_low, c.ci_high)
+    assert v.verdict == "PASS", v.reason
+    kl = _by_name(v)["kl_excess"]
+    assert kl.ci_high < 0.012 and kl.level == pytest.approx(0.0138, abs=2e-4)
