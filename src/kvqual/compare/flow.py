@@ -101,16 +101,17 @@ class Compare:
         return (len(plan_units(self.suites, run.repeats, run.seed, fraction, self.sizes[k]))
                 - (len(plan_units(self.suites, run.repeats, run.seed, fraction, low)) if k else 0))
 
-    def planned(self) -> int:
-        """Every request of every planned round: both arms' answers, the A/A replicate's, and the
-        forcing passes (two on the baseline in round 1; later rounds add the second only while the
-        A/A floor has not reproduced)."""
-        total = 0
-        for k in range(len(self.sizes)):
-            n = self.units(k)
-            total += 2 * n + (self.units(k, self.run.aa_fraction) if self.run.aa_fraction > 0 else 0)
-            total += (n * (2 if k == 0 else 1) + n) if self.tf else 0
-        return total
+    def planned_round(self, k: int, arm: str | None = None) -> int:
+        """Every request of round k (`arm`: "baseline" or "candidate" only): both arms' answers, the
+        A/A replicate's, and the forcing passes (two on the baseline in round 1; later rounds add the
+        second only while the A/A floor has not reproduced). The progress display takes a round's
+        requests when the round starts: a decided look or a budget may end the compare after any
+        round, so the time left it shows is that of the round under way."""
+        n = self.units(k)
+        base = n + (self.units(k, self.run.aa_fraction) if self.run.aa_fraction > 0 else 0)
+        base += n * (2 if k == 0 else 1) if self.tf else 0
+        cand = n + (n if self.tf else 0)
+        return {"baseline": base, "candidate": cand}.get(arm or "", base + cand)
 
     # ------------------------------------------------------------ one round per arm
 
@@ -264,13 +265,13 @@ class Compare:
         together = self.together = serve_together(self.config, self.base_t, self.cand_t)
         rd = self.run.results_dir
         self.progress = show = CompareProgress(len(self.sizes), progress_mode(None))
-        show.expect(self.planned())
         try:
             if together:
                 async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
                     if self.tf:
                         self.window_limit = await forcing.common_window_limit(b, c)
                     for k in range(len(self.sizes)):
+                        show.expect(self.planned_round(k))
                         show.start_round(k)
                         self.rounds_started = self.rounds_started or time.monotonic()
                         await self.base_round(b, k)
@@ -282,6 +283,7 @@ class Compare:
                     if self.tf:  # the candidate's server is not up yet: the baseline's own limit
                         self.window_limit = await forcing.common_window_limit(b)
                     for k in range(len(self.sizes)):
+                        show.expect(self.planned_round(k, "baseline"))
                         show.start_round(k)
                         self.rounds_started = self.rounds_started or time.monotonic()
                         await self.base_round(b, k)
@@ -292,6 +294,7 @@ class Compare:
                     if self.tf:
                         self._candidate_window_limit(await forcing.common_window_limit(c))
                     for k in range(self.base_rounds):
+                        show.expect(self.planned_round(k, "candidate"))
                         show.start_round(k)
                         await self.cand_round(c, k)
                         if self._decided_at(k):

@@ -2,8 +2,9 @@
 those planned, time spent and an estimate of the time left.
 
 Every request the compare sends counts as one unit: each arm's answers, the A/A replicate's and
-every teacher-forcing pass. The plan is every planned round (a sequential compare may stop at an
-earlier look, so the estimate is an upper bound: "≤"). Units not sent (answered in the run
+every teacher-forcing pass. A round's requests join the plan when the round starts (a decided look
+or a budget may end the compare after any round, so the plan is never the rounds it will not run),
+and the estimate is of the rounds started so far, an upper bound for them ("≤"). Units not sent (answered in the run
 folders by an earlier session, or skipped, as a refused echo's forcing pass) count as done but
 not in the rate. The estimate is the units left at
 the rate of this session's units: generation and forcing requests are averaged together.
