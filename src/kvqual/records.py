@@ -7,6 +7,7 @@ disk (suite JSONL, samples.jsonl, manifest.json) round-trips exactly. Nothing he
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import operator
 import re
@@ -71,6 +72,15 @@ class Item:
     @property
     def api(self) -> Api:
         return "chat" if self.messages is not None else "completions"
+
+    @cached_property
+    def prompt_hash(self) -> str:
+        """What this item sends, hashed (16 hex digits of sha256 over the prompt or the messages as
+        canonical JSON): two items with the same prompt are one unit of evidence, not two. Made once
+        an item (not a field: equality and the JSON form ignore it)."""
+        sent = {"prompt": list(self.prompt) if isinstance(self.prompt, tuple) else self.prompt,
+                "messages": [dict(m) for m in self.messages] if self.messages is not None else None}
+        return hashlib.sha256(json.dumps(sent, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
     @property
     def scored(self) -> bool:
@@ -173,6 +183,7 @@ class Sample:
     base_url: str | None = None  # the replica that answered
     context_id: str | None = None  # items sharing a context form a cluster for error bars
     cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not reported)
+    prompt_hash: str | None = None  # the item's prompt (or messages), hashed: items that send the same are one unit
 
     @property
     def ok(self) -> bool:

@@ -194,13 +194,13 @@ async def request_one(transport: Transport, item: Item, repeat: int, params: Gen
             return Sample(id=item.id, suite=item.suite, repeat=repeat, text=None, finish_reason=None,
                           completion_tokens=None, error=info.message, latency_s=time.perf_counter() - t0,
                           started_at=started, attempts=attempts, base_url=transport.base_url,
-                          context_id=item.context_id), reconnects
+                          context_id=item.context_id, prompt_hash=item.prompt_hash), reconnects
         return Sample(
             id=item.id, suite=item.suite, repeat=repeat, text=answer.text, finish_reason=answer.finish_reason,
             completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
             latency_s=time.perf_counter() - t0, started_at=started, attempts=attempts, logprobs=answer.logprobs,
             score=_score(item, answer.text), base_url=transport.base_url, context_id=item.context_id,
-            ttft_s=ttft, itl_s=itl, cached_tokens=answer.cached_tokens,
+            ttft_s=ttft, itl_s=itl, cached_tokens=answer.cached_tokens, prompt_hash=item.prompt_hash,
         ), reconnects
 
 

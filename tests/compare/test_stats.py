@@ -332,3 +332,23 @@ def test_generation_metrics_report_length_quantiles_and_distinct2():
     assert g["distinct2_diff"] == round(-1 / 6, 6) and g["distinct2_n"] == 10
     lo, hi = g["distinct2_diff_ci"]
     assert lo < g["distinct2_diff"] < hi < 0
+
+
+def test_items_that_send_the_same_prompt_are_one_cluster():
+    """A user suite that asks one question twice (or an item sent with --repeats) is one unit of
+    evidence: its samples share a cluster, by what they sent, not by their ids."""
+    from kvqual.compare.metrics import cluster_id
+    from kvqual.records import Item, Sample
+
+    a, b = Item(id="q1", suite="s", prompt="What is 2 + 2?"), Item(id="q7", suite="s", prompt="What is 2 + 2?")
+    c = Item(id="q2", suite="s", prompt="What is 3 + 3?")
+    chat = Item(id="m1", suite="s", messages=({"role": "user", "content": "What is 2 + 2?"},))
+    assert a.prompt_hash == b.prompt_hash != c.prompt_hash and chat.prompt_hash != a.prompt_hash
+    sample = lambda item: Sample(id=item.id, suite=item.suite, repeat=0, text="4", finish_reason="stop",  # noqa: E731
+                                 completion_tokens=1, error=None, prompt_hash=item.prompt_hash)
+    assert cluster_id(sample(a)) == cluster_id(sample(b)) != cluster_id(sample(c))
+    # a shared context still comes first; a run written before prompts were hashed falls back to the item
+    assert cluster_id(Sample(id="q1", suite="s", repeat=0, text="4", finish_reason="stop", completion_tokens=1,
+                             error=None, context_id="doc3", prompt_hash=a.prompt_hash)) == "ctx:doc3"
+    assert cluster_id(Sample(id="q1", suite="s", repeat=0, text="4", finish_reason="stop", completion_tokens=1,
+                             error=None)) == "item:s\x00q1"

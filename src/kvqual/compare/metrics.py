@@ -247,9 +247,12 @@ def _pairs(a: Mapping[Key, Sample], b: Mapping[Key, Sample], keys: list[Key]) ->
 
 
 def cluster_id(s: Sample) -> str:
-    """The independent unit a sample belongs to: its shared context, else its item (repeats of an
-    item are one cluster). Prefixes let the gate say "contexts" or "items" (gate/criteria.py)."""
-    return f"{CONTEXT_PREFIX}{s.context_id}" if s.context_id else f"item:{s.suite}\x00{s.id}"
+    """The independent unit a sample belongs to: its shared context, else what it sent (items with
+    the same prompt, and the repeats of an item, are one cluster), else its item (runs written before
+    prompts were hashed). Prefixes let the gate say "contexts" or "items" (gate/criteria.py)."""
+    if s.context_id:
+        return f"{CONTEXT_PREFIX}{s.context_id}"
+    return f"prompt:{s.prompt_hash}" if s.prompt_hash else f"item:{s.suite}\x00{s.id}"
 
 
 def _clusters(samples: list[Sample]) -> np.ndarray:
