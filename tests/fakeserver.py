@@ -44,6 +44,8 @@ Answers are deterministic functions of the prompt, so tests can predict them:
   a share P of prompts (chosen by a hash of the prompt's start and K, so two servers with different K
   differ on different prompts, and a server agrees with itself) get every logprob moved by up to 0.01
   nats, generation and echo alike; the rest are bit-identical across servers.
+- `--echo-noise S` moves every echo logprob by up to S nats, drawn anew for each request: a server whose
+  teacher-forcing passes never reproduce one another (the A/A floor must be measured on every item).
 - `--max-model-len N` reports `max_model_len` N in /v1/models and /tokenize and refuses a request whose
   prompt tokens + max_tokens exceed N with vLLM's HTTP 400 text ("This model's maximum context
   length is N tokens. However, you requested …"); `--hide-max-model-len` refuses the same but
@@ -282,6 +284,10 @@ class Fake:
             choice = {"index": 0, "text": prompt + "".join(extra), "finish_reason": "length",
                       "logprobs": None if self.args.no_logprobs else
                       self.as_ids(self.logprobs("", prompt_tokens + extra, max(k, 1), first_null=True), body)}
+            if self.args.echo_noise and choice["logprobs"]:  # a pass that never reproduces another
+                lps = choice["logprobs"]["token_logprobs"]
+                choice["logprobs"]["token_logprobs"] = [
+                    None if v is None else min(v - self.args.echo_noise * random.random(), -1e-4) for v in lps]
             if self.args.echo_shift and choice["logprobs"]:  # a buggy echo: every logprob one position late
                 lps = choice["logprobs"]["token_logprobs"]
                 choice["logprobs"]["token_logprobs"] = [None] + lps[:-1]
@@ -459,6 +465,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-ids", action="store_true")
     p.add_argument("--max-model-len", type=int, default=0)
     p.add_argument("--gpu-noise", type=float, default=0.0)
+    p.add_argument("--echo-noise", type=float, default=0.0)
     p.add_argument("--noise-seed", type=int, default=0)
     p.add_argument("--hide-max-model-len", action="store_true")
     return p.parse_args(argv)

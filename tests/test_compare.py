@@ -325,3 +325,23 @@ def test_gpu_pattern_with_prompts_over_the_context(tmp_path, fake_server):
     assert kl["status"] == "pass" and 0 < kl["estimate"] < 1e-3 and kl["ci_high"] is not None  # a finite bound
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
     assert r.returncode == 1, r.stdout + r.stderr
+
+
+def test_a_server_whose_forcing_passes_differ_gets_its_floor_measured_on_every_item(tmp_path, fake_server):
+    """The A/A teacher-forcing pass runs on the first 32 items; a server that does not reproduce them
+    bit for bit (here: echo logprobs moved anew on every request) has the floor measured on every item
+    of the round, not taken as 0."""
+    base, cand = setup(tmp_path, fake_server, ["--echo-noise", "1e-6"], n=150)
+    base.stop()
+    base = fake_server("--kv-cache-dtype", "bf16", "--echo-noise", "1e-6")
+    (tmp_path / "kvqual.toml").write_text(
+        f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "bf16"\n'
+        f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8_e4m3"\n'
+        '[gate]\nlooks = 1\n')  # one look, the A/A pass then covers every judged item
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode in (0, 3), r.stdout + r.stderr
+    rep = report_of(tmp_path)
+    assert "reproduced" not in (rep["teacher_forcing"]["floor"] or ""), rep["teacher_forcing"]["floor"]
+    assert rep["teacher_forcing"]["usable"] == rep["teacher_forcing"]["pairs"] == 150  # every pair had a floor
+    again = next((tmp_path / "results").glob("base-*/teacher-*again*.jsonl"), None)
+    assert again is not None and sum(1 for _ in again.open()) == 150

@@ -36,6 +36,11 @@ from kvqual.suites import LoadedSuite
 if TYPE_CHECKING:
     from kvqual.load.evidence import LoadEvidence
 
+# items of the first round forced twice on the baseline (the token criteria's A/A floor): when they reproduce
+# bit for bit (a deterministic server, the GPUs seen so far) the floor is 0 for every item and no other item is
+# forced twice; otherwise every item is (metrics.MIN_REPRODUCED is the least that counts as reproduced)
+AA_PROBE = 32
+
 
 @dataclass
 class CompareState:
@@ -101,6 +106,10 @@ class Compare:
         return (len(plan_units(self.suites, run.repeats, run.seed, fraction, self.sizes[k]))
                 - (len(plan_units(self.suites, run.repeats, run.seed, fraction, low)) if k else 0))
 
+    def probe_units(self) -> int:
+        """Requests of the first round's A/A teacher-forcing pass: the first AA_PROBE items."""
+        return min(self.sizes[0], AA_PROBE) * self.run.repeats
+
     def planned_round(self, k: int, arm: str | None = None) -> int:
         """Every request of round k (`arm`: "baseline" or "candidate" only): both arms' answers, the
         A/A replicate's, and the forcing passes (two on the baseline in round 1; later rounds add the
@@ -109,7 +118,7 @@ class Compare:
         round, so the time left it shows is that of the round under way."""
         n = self.units(k)
         base = n + (self.units(k, self.run.aa_fraction) if self.run.aa_fraction > 0 else 0)
-        base += n * (2 if k == 0 else 1) if self.tf else 0
+        base += n + (self.probe_units() if k == 0 else 0) if self.tf else 0
         cand = n + (n if self.tf else 0)
         return {"baseline": base, "candidate": cand}.get(arm or "", base + cand)
 
@@ -128,14 +137,24 @@ class Compare:
                 bm = await run_target(t, self.suites, run, limit=run.limit, rerun=self.rerun and first,
                                       items_upto=upto, progress=False, on_done=tick)
             if self.tf:
-                base_dir = self.root / bm.run_id
-                again = first or not self._floor_reproduced(bm)
-                if again and not first:
-                    show.expect(n)  # the plan counted on the floor reproducing
-                with show.part(f"forcing on {role}", n * (2 if again else 1)) as tick:
-                    await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir,
-                                                keys=set(self.order[:upto]), again=again, check=first,
-                                                limit=self.window_limit, on_done=tick)
+                base_dir, keys = self.root / bm.run_id, set(self.order[:upto])
+                if first:  # the A/A pass on the first AA_PROBE items: a server that reproduces them bit for bit
+                    probe = set(self.order[:min(upto, AA_PROBE)])  # scores deterministically (floor 0 for all)
+                    with show.part(f"forcing on {role}", n + self.probe_units()) as tick:
+                        await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir, keys=keys,
+                                                    again=True, again_keys=probe, check=True,
+                                                    limit=self.window_limit, on_done=tick)
+                again = (not first or len(keys) > AA_PROBE) and not self._floor_reproduced(bm)
+                if again:  # a nondeterministic server: its floor is measured on every item
+                    rest = n - (self.probe_units() if first else 0)
+                    show.expect(rest)  # the plan counted on the floor reproducing
+                    with show.part(f"forcing on {role}", rest if first else n * 2) as tick:
+                        await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir, keys=keys,
+                                                    again=True, check=False, limit=self.window_limit, on_done=tick)
+                elif not first:
+                    with show.part(f"forcing on {role}", n) as tick:
+                        await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir, keys=keys,
+                                                    check=False, limit=self.window_limit, on_done=tick)
             return bm
 
         async def replicate() -> RunManifest | None:

@@ -87,10 +87,11 @@ def refusal(base_dir: Path, scorer_run_id: str) -> dict[str, Any] | None:
 
 async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
                         run: RunDefaults, own_dir: Path, *, keys: set[tuple[str, str]] | None = None,
-                        again: bool = False, check: bool = True, limit: int | None = None,
-                        on_done: Callable[[], None] | None = None) -> float | None:
+                        again: bool = False, again_keys: set[tuple[str, str]] | None = None, check: bool = True,
+                        limit: int | None = None, on_done: Callable[[], None] | None = None) -> float | None:
     """Teacher-force the baseline's completions (of the items in `keys`, all when None) on `target`;
-    `again` also runs the second pass on the same server (the token-level A/A floor). `check`:
+    `again` also runs the second pass on the same server (the token-level A/A floor), over the items
+    of `again_keys` among them (all when None). `check`:
     first score the server's own outputs, per API kind, and refuse an echo that disagrees.
     `limit`: the prompt tokens a window may hold (`common_window_limit` of the comparison's
     servers; None: the server's own), recorded beside the teacher files.
@@ -123,8 +124,9 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                 return None
         started = time.perf_counter()
         passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id), on_done)]
+        again_samples = [s for s in base_samples if again_keys is None or (s.suite, s.id) in again_keys]
         if again:  # both passes at once: the server batches them together
-            passes.append(force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id, True),
+            passes.append(force_all(forcer, items, again_samples, teacher_file(base_dir, manifest.run_id, True),
                                     on_done))
         for forced in await asyncio.gather(*passes):
             failed = [f for f in forced if (f.reason or "").startswith(FAILED)]
@@ -134,7 +136,8 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                     f"({len(failed) / len(forced):.1%} > max_failed_rate {run.max_failed_rate:.1%}; "
                     f"{failed[0].reason}) — run the same command again to retry them")
         say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
-             + (" twice (the second pass is the A/A floor)" if again else "")
+             + ((" twice (the second pass is the A/A floor)" if len(again_samples) == len(base_samples) else
+                 f", {len(again_samples)} of them twice (the second pass is the A/A floor)") if again else "")
              + f": {time.perf_counter() - started:.0f} s")
         return trust
     finally:
