@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from typing import Callable, Iterator, Sequence
@@ -160,3 +161,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             note = getattr(args, "interrupted", "answers so far are saved — run the same command to resume")
             print(f"kvqual: {how}; {note}", file=sys.stderr)
         return 128 + (_stopped_by[0] if _stopped_by else signal.SIGINT)  # 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
+    except Exception as exc:  # noqa: BLE001 - a bug in kvqual: never exit 1, which CI reads as "the candidate failed"
+        return internal_error(exc)
+
+
+INTERNAL_ERROR = 70  # sysexits.h EX_SOFTWARE: a bug in kvqual, not a verdict (0/1/3) nor bad input (2) nor the servers (4)
+
+
+def internal_error(exc: BaseException) -> int:
+    """One line on stderr and the traceback in a log file (its path in the line), exit INTERNAL_ERROR."""
+    import tempfile
+    import time
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    where = "no log file could be written"
+    for folder in (os.environ.get("KVQUAL_LOG_DIR"), os.path.join(os.path.expanduser("~"), ".cache", "kvqual"),
+                   tempfile.gettempdir()):
+        if not folder:
+            continue
+        try:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(redact(text))
+            where = f"traceback in {path}"
+            break
+        except OSError:
+            continue
+    line = redact(f"{type(exc).__name__}: {exc}").splitlines()[0] if str(exc) else type(exc).__name__
+    with contextlib.suppress(OSError):
+        print(f"kvqual: internal error (a bug in kvqual, not a verdict; exit {INTERNAL_ERROR}): {line[:300]}; "
+              f"{where} — please report it", file=sys.stderr)
+    return INTERNAL_ERROR

@@ -266,9 +266,14 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
         ("max_minutes", run.max_minutes is None or run.max_minutes >= 0, "must be >= 0 (0: no limit)"),
         ("budget_tokens", run.budget_tokens is None or run.budget_tokens >= 1, "must be at least 1"),
     ]
+    import os
+
+    checks.append(("results_dir", not os.path.exists(run.results_dir) or os.path.isdir(run.results_dir),
+                   "must be a folder (a file of that name exists)"))
     for key, ok, problem in checks:
         if not ok:
-            raise ConfigError(source, name(key), f"{problem} (got {getattr(run, key)!r})")
+            where = "--out" if key == "results_dir" and not sep else name(key)  # the flag is --out
+            raise ConfigError(source, where, f"{problem} (got {getattr(run, key)!r})")
 
 
 # the hierarchical cache at the default KV budget (256 MB: 11.6K bf16 tokens) holds fewer tokens than

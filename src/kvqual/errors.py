@@ -15,6 +15,9 @@
         └── InvalidResponse       one answer is not data (non-finite logprob, over the size
                                   cap, another model's): that request failed; the run goes on
 
+Anything else that escapes a command is a bug in kvqual: the CLI exits 70 (`cli.INTERNAL_ERROR`)
+with one line and the traceback in a log file, never 1 (a FAIL).
+
 No message kvqual stores or prints carries a configured API key: `Target.api_key()` registers
 what it resolves (`register_secret`); failure messages (`client.classify`) and what the CLI
 prints pass through `redact`.
