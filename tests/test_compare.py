@@ -345,3 +345,22 @@ def test_a_server_whose_forcing_passes_differ_gets_its_floor_measured_on_every_i
     assert rep["teacher_forcing"]["usable"] == rep["teacher_forcing"]["pairs"] == 150  # every pair had a floor
     again = next((tmp_path / "results").glob("base-*/teacher-*again*.jsonl"), None)
     assert again is not None and sum(1 for _ in again.open()) == 150
+
+
+def test_a_budget_stops_before_a_look_it_cannot_afford_and_prices_it(tmp_path, fake_server):
+    """A server-time budget only cuts a compare short: after the first look (124 of 300 items) the next
+    look (the rest) is priced at the rate so far, and a budget it would pass stops the compare there, the
+    look not taken in the report; the same command with a larger budget continues on the same plan."""
+    setup(tmp_path, fake_server, ["--wrong-rate", "0.06", "--delay", "0.05"], n=300)  # undecided at 124 items (deterministic)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-minutes", "0.01")
+    assert r.returncode == 3, r.stdout + r.stderr
+    seq = report_of(tmp_path)["verdict"]["sequential"]
+    assert seq["planned"] == [124, 300] and [x["items"] for x in seq["looks"]] == [124]
+    assert seq["stop"].startswith("stopped at look 1 of 2 (124 items): max_minutes 0.01: the next look (300 items)")
+    nxt = seq["next_look"]
+    assert nxt["look"] == 2 and nxt["items"] == 300 and nxt["minutes"] > 0 and nxt["tokens"] > 0
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-minutes", "0")
+    seq = report_of(tmp_path)["verdict"]["sequential"]
+    assert seq["next_look"] is None and [x["items"] for x in seq["looks"]] == [124, 300], r.stdout + r.stderr
+    level = report_of(tmp_path)["verdict"]["criteria"][0]["level"]
+    assert seq["planned"] == [124, 300] and seq["nominal_alpha"] == pytest.approx(level, abs=1e-6) and level < 0.05

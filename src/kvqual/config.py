@@ -266,8 +266,6 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
         ("max_minutes", run.max_minutes is None or run.max_minutes >= 0, "must be >= 0 (0: no limit)"),
         ("budget_tokens", run.budget_tokens is None or run.budget_tokens >= 1, "must be at least 1"),
     ]
-    import os
-
     checks.append(("results_dir", not os.path.exists(run.results_dir) or os.path.isdir(run.results_dir),
                    "must be a folder (a file of that name exists)"))
     for key, ok, problem in checks:

@@ -138,23 +138,23 @@ class Compare:
                                       items_upto=upto, progress=False, on_done=tick)
             if self.tf:
                 base_dir, keys = self.root / bm.run_id, set(self.order[:upto])
-                if first:  # the A/A pass on the first AA_PROBE items: a server that reproduces them bit for bit
-                    probe = set(self.order[:min(upto, AA_PROBE)])  # scores deterministically (floor 0 for all)
-                    with show.part(f"forcing on {role}", n + self.probe_units()) as tick:
+
+                async def force(planned: int, **how: Any) -> None:
+                    with show.part(f"forcing on {role}", planned) as tick:
                         await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir, keys=keys,
-                                                    again=True, again_keys=probe, check=True,
-                                                    limit=self.window_limit, on_done=tick)
-                again = (not first or len(keys) > AA_PROBE) and not self._floor_reproduced(bm)
-                if again:  # a nondeterministic server: its floor is measured on every item
+                                                    limit=self.window_limit, on_done=tick, **how)
+
+                if first:  # the A/A pass on the first AA_PROBE items: a server that reproduces them bit for bit
+                    # scores deterministically (floor 0 for all)
+                    await force(n + self.probe_units(), again=True, again_keys=set(self.order[:min(upto, AA_PROBE)]),
+                                check=True)
+                if (not first or len(keys) > AA_PROBE) and not self._floor_reproduced(bm):
+                    # a nondeterministic server: its floor is measured on every item
                     rest = n - (self.probe_units() if first else 0)
                     show.expect(rest)  # the plan counted on the floor reproducing
-                    with show.part(f"forcing on {role}", rest if first else n * 2) as tick:
-                        await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir, keys=keys,
-                                                    again=True, check=False, limit=self.window_limit, on_done=tick)
+                    await force(rest if first else n * 2, again=True, check=False)
                 elif not first:
-                    with show.part(f"forcing on {role}", n) as tick:
-                        await forcing.teacher_force(t, bm, base_dir, self.items, run, own_dir=base_dir, keys=keys,
-                                                    check=False, limit=self.window_limit, on_done=tick)
+                    await force(n, check=False)
             return bm
 
         async def replicate() -> RunManifest | None:
@@ -246,23 +246,25 @@ class Compare:
         """Why no further round may start after round k (None: it may). A budget only cuts a compare
         short: the next round is priced at the rate the rounds so far ran at (server time per item, both
         arms: `arms_done` of the two ran so far, as when the baseline's rounds run first), and it starts
-        only if it would end within `max_minutes`; the price of the look not taken goes in the report."""
+        only if it would end within `max_minutes`; the price of the look not taken goes in the report
+        (`self.next_look`)."""
         run = self.run
         if k + 1 >= len(self.sizes):
             return None
-        minutes = (time.monotonic() - (self.rounds_started or self.started)) / 60
-        per_item = minutes / self.sizes[k] * (2 / arms_done)
-        more = per_item * (self.sizes[k + 1] - self.sizes[k])
-        tokens_per_item = self.tokens_spent / self.sizes[k] * (2 / arms_done)
-        self.next_look = {"look": k + 2, "items": self.sizes[k + 1], "minutes": round(more, 2),
-                          "tokens": int(tokens_per_item * (self.sizes[k + 1] - self.sizes[k]))}
-        if run.max_minutes and minutes * (2 / arms_done) + more > run.max_minutes:
-            return (f"max_minutes {run.max_minutes:g}: the next look ({self.sizes[k + 1]} items) would take "
-                    f"~{more:.1f} more minutes at the rate so far, past the budget")
-        if run.budget_tokens is not None and self.tokens_spent >= run.budget_tokens:
-            return f"budget_tokens {run.budget_tokens} reached ({self.tokens_spent} generated)"
-        self.next_look = None
-        return None
+        both = 2 / arms_done
+        minutes = (time.monotonic() - (self.rounds_started or self.started)) / 60 * both
+        new_items = self.sizes[k + 1] - self.sizes[k]
+        more = minutes / self.sizes[k] * new_items
+        why = None
+        if run.max_minutes and minutes + more > run.max_minutes:
+            why = (f"max_minutes {run.max_minutes:g}: the next look ({self.sizes[k + 1]} items) would take "
+                   f"~{more:.1f} more minutes at the rate so far, past the budget")
+        elif run.budget_tokens is not None and self.tokens_spent >= run.budget_tokens:
+            why = f"budget_tokens {run.budget_tokens} reached ({self.tokens_spent} generated)"
+        if why:
+            self.next_look = {"look": k + 2, "items": self.sizes[k + 1], "minutes": round(more, 2),
+                              "tokens": int(self.tokens_spent * both / self.sizes[k] * new_items)}
+        return why
 
     def _decided_at(self, k: int) -> bool:
         """Judge after round k; True when the compare should stop (decided, or a budget spent)."""
