@@ -35,11 +35,12 @@ from pathlib import Path
 import numpy as np
 
 import kvqual
-from kvqual.compare.forcing import teacher_file
-from kvqual.compare.teacher import Forced, save_forced
+from kvqual.forced import teacher_file
+from kvqual.forced import Forced, save_forced
 from kvqual.config import Target
 from kvqual.records import GenerationParams, Item, Sample, SuiteRef, TokenLogprobs
-from kvqual.runner import RunPlan, in_fraction, new_manifest
+from kvqual.plan import RunPlan, in_fraction
+from kvqual.runner import new_manifest
 from kvqual.store import RunStore
 from kvqual.suites import LoadedSuite, suite_hash
 

@@ -58,7 +58,8 @@ from kvqual import client, runner, store  # noqa: E402
 from kvqual.client import completion_payload  # noqa: E402
 from kvqual.config import RunDefaults, Target  # noqa: E402
 from kvqual.records import GenerationParams, Item, SuiteRef  # noqa: E402
-from kvqual.runner import RunPlan, execute, new_manifest  # noqa: E402
+from kvqual.plan import RunPlan  # noqa: E402
+from kvqual.runner import execute, new_manifest  # noqa: E402
 from kvqual.store import RunStore, load_samples  # noqa: E402
 from kvqual.suites import LoadedSuite  # noqa: E402
 

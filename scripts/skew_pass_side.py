@@ -31,7 +31,7 @@ from scipy import optimize, stats
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibrate  # noqa: E402  the simulator the calibration uses
 
-from kvqual.compare import stats as st  # noqa: E402
+from kvqual import stats as st  # noqa: E402
 from kvqual.gate import look_sizes, nominal_alpha  # noqa: E402
 from kvqual.gate import criteria as cr  # noqa: E402
 

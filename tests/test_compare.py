@@ -241,7 +241,7 @@ def test_a_server_that_serves_one_request_at_a_time_makes_speed_not_comparable(t
 
 
 def test_busy_seconds_is_the_union_of_request_intervals():
-    from kvqual.compare.metrics import busy_seconds
+    from kvqual.judge.metrics import busy_seconds
 
     assert busy_seconds([(0, 2), (1, 3), (10, 11), (10.5, 10.7)]) == pytest.approx(4.0)
     assert busy_seconds([]) == 0
@@ -263,7 +263,7 @@ def test_teacher_forcing_retries_transient_failures(tmp_path, fake_server):
 def test_an_aa_folder_left_without_a_manifest_is_not_taken_for_the_replicate(tmp_path):
     """A run killed between locking its folder and writing its manifest leaves `<run>-aa1…/.lock`
     alone; `kvqual report` must find the real replicate, or none, never that folder."""
-    from kvqual.compare.session import find_aa
+    from kvqual.judge.judge import find_aa
 
     base = tmp_path / "bf16-abc"
     base.mkdir()
@@ -286,7 +286,7 @@ def test_a_slower_candidate_is_flagged_next_to_the_verdict(tmp_path, fake_server
 
 
 def test_slower_flag_needs_the_whole_interval_below_one():
-    from kvqual.compare.session import slower_flag
+    from kvqual.judge.judge import slower_flag
 
     assert slower_flag({"estimate": 0.97, "ci_low": 0.9, "ci_high": 1.02}, True, None) is None
     assert slower_flag({"estimate": None, "ci_low": None, "ci_high": None}, True, None) is None

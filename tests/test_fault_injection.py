@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvqual.compare.teacher import FAILED, Forced, force_all, load_forced
+from kvqual.forced import FAILED, Forced, load_forced
+from kvqual.forcing.teacher import force_all
 from kvqual.records import Item, Sample, TokenLogprobs
 from kvtest import free_port, write_suite
 

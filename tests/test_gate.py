@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kvqual.compare import stats as st
+from kvqual import stats as st
 from kvqual.errors import ConfigError
 from kvqual.gate import criteria as cr
 from kvqual.gate import (

@@ -14,7 +14,8 @@ import pytest
 from kvtest import write_config, write_suite
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
-from kvqual.runner import in_fraction, item_order, plan_units, run_target
+from kvqual.plan import in_fraction, item_order, plan_units
+from kvqual.runner import run_target
 from kvqual.store import RETRIED, load_manifest, load_samples
 from kvqual.suites import load_suites
 

@@ -15,8 +15,9 @@ import pytest
 from kvtest import FakeServer, free_port, start_fake
 
 from kvqual.client import parse_echo, token_id_of
-from kvqual.compare.sglang import SglangForcer, parse_scores, score_payload
-from kvqual.compare.teacher import FAILED, check_echo_trust
+from kvqual.forcing.sglang import SglangForcer, parse_scores, score_payload
+from kvqual.forced import FAILED
+from kvqual.forcing.teacher import check_echo_trust
 from kvqual.errors import ServerContractError
 from kvqual.probe import describe, flush_cache, parse_prometheus
 from kvqual.records import Item, Sample, TokenLogprobs

@@ -218,7 +218,7 @@ def test_a_line_whose_row_is_missing_is_not_an_answer(tmp_path) -> None:
 
 def test_commands_that_do_not_serve_import_neither_torch_nor_transformers_and_the_judge_no_openai() -> None:
     code = ("import sys\nfrom kvqual.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "from kvqual.cli import build_parser\nbuild_parser()\nimport kvqual.compare.session\n"  # what `kvqual report` runs
+            "from kvqual.cli import build_parser\nbuild_parser()\nimport kvqual.judge.judge\n"  # what `kvqual report` runs
             "print(sorted(m for m in ('torch', 'transformers', 'openai') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -57,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="samples per item (for sampled decoding)")
     p.set_defaults(func=_cmd_run)
 
-    from kvqual import commands
+    from kvqual.compare import cli as compare_cli
 
-    commands.add_compare_parsers(sub, add_run_options)
+    compare_cli.add_parsers(sub, add_run_options)
 
     from kvqual.load import cli as load_cli
 

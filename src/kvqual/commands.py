@@ -5,11 +5,9 @@ The CLI parses arguments and prints; everything with a result lives here or belo
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import sys
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from kvqual.config import Config, Overrides, RunDefaults, Target, load_config
 from kvqual.errors import InfrastructureError
@@ -28,18 +26,6 @@ def prepare(config_path: str | None, overrides: dict[str, Any],
     specs = run.suites or (DEFAULT_PROFILE,)  # no suites named: the default mix, as for the built-in targets
     suites = tuple(load_suites(specs, seed=run.seed, limit=run.limit, include_path=include_path))
     return config, run, suites
-
-
-@contextlib.asynccontextmanager
-async def serving(target: Target, log_dir: str) -> AsyncIterator[Target]:
-    """The target ready to serve: launched by kvqual (and stopped after) when it has `launch`."""
-    if not target.launch:
-        yield target
-        return
-    from kvqual.launch import launched
-
-    async with launched(target, log_dir) as ready:
-        yield ready
 
 
 def cmd_run(target_name: str, overrides: dict[str, Any], *, config_path: str | None, rerun: bool,
@@ -62,6 +48,7 @@ def incomplete_run_message(manifest: RunManifest, results_dir: str) -> str:
 
 
 async def _run_one(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefaults, rerun: bool) -> RunManifest:
+    from kvqual.launch import serving
     from kvqual.runner import run_target
 
     async with serving(target, run.results_dir) as ready:
@@ -73,13 +60,6 @@ def print_run_summary(manifest: RunManifest, results_dir: str, out: Callable[[st
     out(f"{manifest.run_id}: {c.get('ok', 0)}/{c.get('units', 0)} answered, {c.get('failed', 0)} failed, "
         f"{c.get('retries', 0)} retries, {c.get('reconnects', 0)} reconnects ({manifest.status}) "
         f"→ {results_dir}/{manifest.run_id}")
-
-
-def add_compare_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    """`compare` and `report` (defined with the comparison stage)."""
-    from kvqual.compare import cli as compare_cli
-
-    compare_cli.add_parsers(sub, run_options)
 
 
 def eprint(message: str) -> None:

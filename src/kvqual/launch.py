@@ -18,7 +18,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import AsyncIterator
@@ -27,6 +26,7 @@ import httpx
 
 from kvqual.config import Target
 from kvqual.errors import LaunchError, redact
+from kvqual.news import say
 from kvqual.probe import server_root
 
 GRACE_S = 30.0
@@ -62,11 +62,6 @@ def _tail(path: Path, n: int = 8) -> str:
     except OSError:
         return ""
     return " | ".join(line.strip() for line in lines[-n:] if line.strip())
-
-
-def _say(message: str) -> None:
-    with contextlib.suppress(OSError):  # a terminal that hung up (SIGHUP) must not skip the stop
-        print(f"kvqual: {message}", file=sys.stderr, flush=True)
 
 
 def stop_group(proc: subprocess.Popen, grace: float = GRACE_S) -> None:
@@ -132,7 +127,7 @@ async def wait_healthy(target: Target, proc: subprocess.Popen, log: Path, timeou
             except (httpx.HTTPError, ValueError, KeyError, IndexError):
                 pass
             if time.monotonic() - last_note > 15:
-                _say(f"waiting for {target.name} to become healthy… {elapsed:.0f} s")
+                say(f"waiting for {target.name} to become healthy… {elapsed:.0f} s")
                 last_note = time.monotonic()
             await asyncio.sleep(0.5)
 
@@ -150,7 +145,7 @@ async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{target.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     argv = shlex.split(target.launch)
-    _say(f"starting {target.name}: {target.launch}  (log: {log})")
+    say(f"starting {target.name}: {target.launch}  (log: {log})")
     with log.open("ab") as fh:
         try:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -161,13 +156,13 @@ async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
     interrupted = False
     try:
         took = await wait_healthy(target, proc, log, target.launch_timeout)
-        _say(f"{target.name} is healthy after {took:.1f} s at {target.base_url}")
+        say(f"{target.name} is healthy after {took:.1f} s at {target.base_url}")
         yield target
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
         raise
     finally:
-        _say(f"stopping {target.name}")
+        say(f"stopping {target.name}")
         stop_group(proc, INTERRUPT_GRACE_S if interrupted else GRACE_S)
         scrub_log(log)
         if port is not None:
@@ -176,3 +171,13 @@ async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
                 if time.monotonic() > deadline:
                     raise LaunchError(f"{target.name}: port {port} still in use after the server stopped")
                 await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def serving(target: Target, log_dir: str) -> AsyncIterator[Target]:
+    """The target ready to serve: launched by kvqual (and stopped after) when it has `launch`."""
+    if not target.launch:
+        yield target
+        return
+    async with launched(target, log_dir) as ready:
+        yield ready

@@ -1,7 +1,7 @@
 """Run suites against one target: bounded concurrency, retries, progress; writes through store.
 
 The work list is (item, repeat) units in a seeded shuffled order (the same order for every
-arm), minus the units the run folder already answered. N workers pull from one iterator, so
+arm; plan.py), minus the units the run folder already answered. N workers pull from one iterator, so
 memory stays constant in the number of answers; each answer is appended to disk at once.
 
 Retries and reconnects are counted apart. A retry is another attempt after a real failure (a
@@ -15,14 +15,13 @@ counts as a reconnect, up to MAX_RECONNECTS per request; beyond that it is a fai
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import random
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from kvqual import __version__
 from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, causes, chat_payload, classify,
@@ -30,93 +29,11 @@ from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, causes
                            parse_chat, parse_completion)
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
+from kvqual.plan import RunPlan, Unit, cache_waves, plan_units
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
-from kvqual.store import FLUSH_SECONDS, RunLock, RunStore, answered_keys, failure_summary, run_key
+from kvqual.store import FLUSH_SECONDS, RunLock, RunStore, answered_keys, failure_summary
 from kvqual.suites import LoadedSuite
 from kvqual.telemetry import Scraper
-
-Unit = tuple[Item, int]
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """Everything that defines one run of one target."""
-
-    target: Target
-    model: str
-    suites: tuple[LoadedSuite, ...]
-    params: GenerationParams
-    limit: int | None = None
-    replicate: int = 0  # 0: the run; 1: the A/A replicate of the same target
-    fraction: float = 1.0  # share of items this run covers (A/A replicates may cover fewer)
-
-    def identity(self) -> dict[str, Any]:
-        return {
-            "target": self.target.identity(),
-            "model": self.model,
-            "suites": [[s.ref.name, s.ref.sha256] for s in self.suites],
-            "params": self.params.to_json(),
-            "limit": self.limit,
-            "replicate": self.replicate,
-            "fraction": self.fraction,
-        }
-
-    @property
-    def key(self) -> str:
-        return run_key(self.identity())
-
-    @property
-    def run_id(self) -> str:
-        """`<target>-<key>`; an A/A replicate sits beside its run as `<target>-<key>-aa<N>[-f<fraction>]`."""
-        if self.replicate == 0:
-            return f"{self.target.name}-{self.key[:12]}"
-        main = run_key({**self.identity(), "replicate": 0, "fraction": 1.0})
-        fraction = "" if self.fraction >= 1.0 else f"-f{self.fraction:g}"
-        return f"{self.target.name}-{main[:12]}-aa{self.replicate}{fraction}"
-
-
-def in_fraction(suite: str, item_id: str, fraction: float) -> bool:
-    """Deterministic subset by hash of (suite, id): the same items in every A/A replicate."""
-    if fraction >= 1.0:
-        return True
-    digest = hashlib.sha256(f"{suite}\x00{item_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
-
-
-def item_rank(suite: str, item_id: str, seed: int) -> bytes:
-    """An item's place in the seeded order every arm and every round share. A hash of the item,
-    not a shuffle of the pool, so any subset of items keeps the same relative order (the judge
-    can replay a sequential compare's looks from the samples alone)."""
-    return hashlib.sha256(f"{seed}\x00{suite}\x00{item_id}".encode()).digest()
-
-
-def item_order(keys: Iterable[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
-    """(suite, id) keys in the seeded order of `item_rank`."""
-    return sorted(set(keys), key=lambda k: item_rank(k[0], k[1], seed))
-
-
-def plan_units(suites: tuple[LoadedSuite, ...], repeats: int, seed: int, fraction: float = 1.0,
-               items_upto: int | None = None) -> list[Unit]:
-    """The (item, repeat) units of the first `items_upto` items in the seeded item order (all
-    when None), shuffled with `seed` so both arms send in the same order."""
-    items = sorted((item for s in suites for item in s.items), key=lambda i: item_rank(i.suite, i.id, seed))
-    if items_upto is not None:
-        items = items[:items_upto]
-    units = [(item, r) for item in items for r in range(repeats) if in_fraction(item.suite, item.id, fraction)]
-    random.Random(seed).shuffle(units)
-    return units
-
-
-def cache_waves(units: list[Unit]) -> list[list[Unit]]:
-    """The units in the waves a cache-path suite asks for (item meta `cache_wave`, docs/cache.md):
-    every unit of wave 0 is answered before wave 1 is sent, so that a later use of a shared prefix
-    finds it in a prefix-caching server's cache (requests scheduled in the same step would not).
-    Units without the key are wave 0; each wave keeps the seeded order. One wave when none asks."""
-    waves: dict[int, list[Unit]] = {}
-    for unit in units:
-        wave = unit[0].meta.get("cache_wave", 0) if unit[0].meta else 0
-        waves.setdefault(wave if isinstance(wave, int) else 0, []).append(unit)
-    return [waves[w] for w in sorted(waves)] or [[]]
 
 
 @dataclass

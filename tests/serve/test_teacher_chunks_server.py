@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from kvqual.client import chat_payload, parse_chat
-from kvqual.compare.teacher import Forced, TeacherForcer
+from kvqual.forced import Forced
+from kvqual.forcing.teacher import TeacherForcer
 from kvqual.records import GenerationParams, Item, Sample
 
 from logprob_gaps import SAME_PATH_SHARE, token_gap

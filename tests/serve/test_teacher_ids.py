@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from kvqual.client import chat_payload, completion_payload, parse_chat, parse_completion
-from kvqual.compare.teacher import TeacherForcer, check_echo_trust
+from kvqual.forcing.teacher import TeacherForcer, check_echo_trust
 from kvqual.records import GenerationParams, Item, Sample
 
 from logprob_gaps import SAME_PATH_SHARE

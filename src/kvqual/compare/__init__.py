@@ -1,1 +1,3 @@
-"""Compare two runs: paired statistics (stats.py) and token-level metrics (tokens.py)."""
+"""`kvqual compare`, orchestration only: the command (cli.py), the round loop (flow.py), its
+progress display (progress.py) and the check that the candidate serves what the config says
+(verify.py)."""

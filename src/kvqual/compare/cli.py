@@ -80,15 +80,16 @@ def _finish(report: dict, out_dir: Path, as_json: bool = False) -> int:
     import json
     import os
 
-    from kvqual.compare import session
+    from kvqual.report import write_all
+    from kvqual.report.console import console_summary
 
-    paths = session.write_all(report, out_dir)
+    paths = write_all(report, out_dir)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as fh:
             fh.write(paths["md"].read_text(encoding="utf-8") + "\n")
     text = sys.stderr if as_json else sys.stdout
-    print(session.console_summary(report), file=text)
+    print(console_summary(report), file=text)
     print(f"\nreports: {', '.join(str(p) for p in paths.values())}", file=text)
     if as_json:
         print(json.dumps(report["verdict"], indent=2, allow_nan=False))
@@ -136,25 +137,27 @@ def _gate_flags(config: Config, args: argparse.Namespace) -> Config:
 
 def _plan(*folders: Path, policy) -> dict | None:
     """The look plan saved by the compare that wrote one of these folders' report.json."""
-    from kvqual.compare import session
+    from kvqual.judge.judge import saved_plan
 
-    return next((p for p in (session.saved_plan(f, policy) for f in folders) if p is not None), None)
+    return next((p for p in (saved_plan(f, policy) for f in folders) if p is not None), None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from kvqual.compare import session
+    from kvqual.compare.verify import verify
+    from kvqual.judge.judge import judge, load_report_inputs
+    from kvqual.store import load_manifest
 
-    a, b, aa = session.load_report_inputs(args.run_a, args.run_b, args.aa)
+    a, b, aa = load_report_inputs(args.run_a, args.run_b, args.aa)
     config = _gate_flags(load_config(args.config), args)
-    bm, cm = session.load_manifest(a), session.load_manifest(b)
+    bm, cm = load_manifest(a), load_manifest(b)
     out = _out_dir(str(a.parent), bm.run_id, cm.run_id, args.out)
-    warnings = session.verify(bm, cm, allow_mismatch=True)
+    warnings = verify(bm, cm, allow_mismatch=True)
     speed_from = None
     if args.speed_from:
         from kvqual.load import evidence
 
         speed_from = evidence.read(args.speed_from)
-    report = session.judge(a, b, aa, config.gate, command=_command_line(),
+    report = judge(a, b, aa, config.gate, command=_command_line(),
                            teacher_forcing=not args.no_teacher_forcing, warnings=warnings,
                            seed=bm.params.seed, plan=_plan(out, _out_dir(str(a.parent), bm.run_id, cm.run_id, None),
                                                            policy=config.gate), speed_from=speed_from)

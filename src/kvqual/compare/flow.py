@@ -6,7 +6,7 @@ A/A generation replicate (the `aa_fraction` share of the round's items), teacher
 the baseline's completions on the baseline (plus the A/A pass, which stops once a deterministic
 server has reproduced it bit for bit) and on the candidate, every scoring server under one prompt
 limit (the smaller of the servers' max_model_len: both arms score the same windows); then the gate judges everything so
-far (`session.judge`, pure over the saved files). Every answer lands in the run folders first,
+far (`judge.judge`, pure over the saved files). Every answer lands in the run folders first,
 so an interrupted compare resumes where it stopped.
 
 When both servers can run at once (the built-in targets, or targets kvqual does not launch)
@@ -23,13 +23,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvqual.compare import metrics as mx
-from kvqual.compare import forcing, session
-from kvqual.compare.progress import CompareProgress, say
+from kvqual.compare.progress import CompareProgress
+from kvqual.compare.verify import as_reported, verify
 from kvqual.config import Config, RunDefaults, Target
+from kvqual.forced import teacher_file
+from kvqual.forcing import rounds as forcing
 from kvqual.gate import look_sizes
+from kvqual.judge.judge import judge
+from kvqual.judge import metrics as mx
+from kvqual.news import say
+from kvqual.plan import item_order, plan_units
 from kvqual.records import RunManifest
-from kvqual.runner import progress_mode, item_order, plan_units, run_target
+from kvqual.runner import progress_mode, run_target
 from kvqual.store import load_samples
 from kvqual.suites import LoadedSuite
 
@@ -178,8 +183,8 @@ class Compare:
         bm = self.state.bm
         assert bm is not None
         if first:  # refuse a comparison of the wrong thing before spending server time on it
-            reported = await session.as_reported(t, bm)
-            self.state.warnings = session.verify(bm, reported, self.allow_mismatch)
+            reported = await as_reported(t, bm)
+            self.state.warnings = verify(bm, reported, self.allow_mismatch)
             if self.speed_from is not None:  # the load measured these servers (the candidate's URLs, not bm's)
                 self.speed_from.check_served(bm, replace(reported, base_urls=tuple(t.base_urls)))
 
@@ -221,8 +226,8 @@ class Compare:
 
     def _floor_reproduced(self, bm: RunManifest) -> bool:
         base_dir = self.root / bm.run_id
-        again = forcing.forcing_of(forcing.teacher_file(base_dir, bm.run_id, True))
-        return mx.floor_reproduced(forcing.forcing_of(forcing.teacher_file(base_dir, bm.run_id)), again) \
+        again = mx.forcing_of(teacher_file(base_dir, bm.run_id, True))
+        return mx.floor_reproduced(mx.forcing_of(teacher_file(base_dir, bm.run_id)), again) \
             and len(again.records) >= mx.MIN_REPRODUCED
 
     def _spent(self) -> None:
@@ -237,7 +242,7 @@ class Compare:
         assert s.bm is not None and s.cm is not None
         plan = {"pool": self.pool, "sizes": self.sizes[: k + 1] if s.stop else self.sizes, "stop": s.stop,
                 "overlap": self.overlap, "planned": self.sizes, "next_look": self.next_look if s.stop else None}
-        return session.judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
+        return judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,
                              seed=self.run.seed, plan=plan, speed_from=self.speed_from)
@@ -281,7 +286,7 @@ class Compare:
         return decided or self.state.stop is not None
 
     async def execute(self) -> dict[str, Any]:
-        from kvqual.commands import serving
+        from kvqual.launch import serving
 
         together = self.together = serve_together(self.config, self.base_t, self.cand_t)
         rd = self.run.results_dir

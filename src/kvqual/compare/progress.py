@@ -25,11 +25,6 @@ from typing import Callable, Iterator
 LINE_EVERY_S = 30.0
 
 
-def say(message: str) -> None:
-    """One line of the compare's own news on stderr (`kvqual: ...`), beside the progress display."""
-    print(f"kvqual: {message}", file=sys.stderr, flush=True)
-
-
 def fmt_duration(seconds: float) -> str:
     """`1:05`, `12:40`, `1:02:03`."""
     s = max(0, int(round(seconds)))

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from kvqual.compare import stats as st
+from kvqual import stats as st
 from kvqual.gate.inputs import (AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, SteadySpeed,
                                 TokenCoverage, TokenPairs, n_clusters)
 from kvqual.gate.policy import GatePolicy

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kvqual.compare import stats as st
+from kvqual import stats as st
 from kvqual.gate import criteria as cr
 from kvqual.gate.criteria import Criterion, Status
 from kvqual.gate.inputs import GateInputs

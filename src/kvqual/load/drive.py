@@ -29,7 +29,8 @@ from kvqual.config import Target
 from kvqual.errors import InfrastructureError
 from kvqual.probe import parse_prometheus, server_root
 from kvqual.records import GenerationParams, Item
-from kvqual.runner import item_order, request_one
+from kvqual.plan import item_order
+from kvqual.runner import request_one
 from kvqual.telemetry import snapshot, source_of
 
 SCRAPE_INTERVAL_S = 1.0

@@ -95,7 +95,7 @@ async def run_load(targets: list[Target], suites: tuple[LoadedSuite, ...], opts:
     measured. A target whose failed share exceeds `max_failed_rate` (or that answered nothing)
     ends the load there, with `failure` saying why."""
     from kvqual import __version__, probe
-    from kvqual.commands import serving
+    from kvqual.launch import serving
     from kvqual.load.drive import drive
     from kvqual.provenance import git_revision, package_versions
 

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from kvqual.compare.stats import Estimate, fieller_ratio_ci, fieller_t, mean_ci  # Fieller: pure, beside the gate's
+from kvqual.stats import Estimate, fieller_ratio_ci, fieller_t, mean_ci  # Fieller: pure, beside the gate's
 
 __all__ = ["Estimate", "tokens_in_window", "warmup_seconds", "batch_count", "batch_rates", "batch_means_ci",
            "fieller_ratio_ci", "fieller_t", "lag1_autocorrelation", "time_weighted_mean", "counter_rate", "percentiles",

@@ -1,4 +1,4 @@
-"""Reports attached to a config change: report.md (PR comment), report.html, junit.xml.
+"""Reports attached to a config change: report.json, report.md (PR comment), report.html, junit.xml.
 
 Pure rendering of the compare step's report dict (report.json, schema 1): no network, no
 server, and the same dict always gives the same bytes.
@@ -16,6 +16,7 @@ from kvqual.report.html import render_html
 from kvqual.report.junit import render_junit
 from kvqual.report.markdown import GITHUB_COMMENT_LIMIT, render_markdown
 from kvqual.report.summary import SCHEMA_VERSION
+from kvqual.store import write_json_atomic
 
 __all__ = [
     "GITHUB_COMMENT_LIMIT",
@@ -23,6 +24,7 @@ __all__ = [
     "render_junit",
     "render_markdown",
     "rerender",
+    "write_all",
     "write_reports",
 ]
 
@@ -51,3 +53,12 @@ def rerender(report_json: Path, out_dir: Path | None = None) -> dict[str, Path]:
     except (OSError, json.JSONDecodeError) as exc:
         raise KvqualError(f"{path}: cannot read report: {exc}") from exc
     return write_reports(report, out_dir if out_dir is not None else path.parent)
+
+
+def write_all(report: Mapping[str, Any], out_dir: Path) -> dict[str, Path]:
+    """report.json (written whole or not at all) and the reports rendered from it. Returns
+    {"json", "md", "html", "junit"} → paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "report.json", report)
+    return {"json": out_dir / "report.json", **write_reports(report, out_dir)}

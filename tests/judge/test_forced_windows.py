@@ -4,8 +4,8 @@ every scoring server the same limit, so that both arms score the same windows.""
 
 import pytest
 
-from kvqual.compare import metrics as mx
-from kvqual.compare.teacher import Forced
+from kvqual.judge import metrics as mx
+from kvqual.forced import Forced
 from kvqual.records import TokenLogprobs
 
 LP = TokenLogprobs(tokens=("a", "b", "c", "d"), token_logprobs=(-0.1, -0.2, -0.3, -0.4),
@@ -44,8 +44,9 @@ def test_a_compare_gives_both_servers_the_smaller_limit_so_long_pairs_are_compar
     import subprocess
     import sys
 
-    from kvqual.compare.metrics import WINDOWS_DIFFER
-    from kvqual.compare.teacher import chunk_windows, load_forced
+    from kvqual.judge.metrics import WINDOWS_DIFFER
+    from kvqual.forced import load_forced
+    from kvqual.forcing.teacher import chunk_windows
     from kvtest import write_suite
 
     base = fake_server("--token-ids", "--metrics", "--answer-tokens", "500", "--max-model-len", str(base_len))

@@ -1,60 +1,23 @@
-"""Teacher forcing of a compare's rounds, and the files it leaves beside the baseline's run.
-
-For each scoring server: `teacher-by-<run>.jsonl` (+ its token file; `-again` for the A/A pass),
-`teacher-window-by-<run>.json` (the prompt limit its windows were planned against: the smallest
-any server of the comparison reports, so both arms score the same windows; docs/longgen.md) and,
-when its echo failed the trust check, `teacher-refused-by-<run>.json` (no later round forces it
-again, and `kvqual report` says so offline). `teacher_force` runs the passes of one round
-(`teacher.py`: vLLM shapes and kvqual serve; `sglang.py`: SGLang's /generate).
+"""Teacher forcing of a compare's rounds: `teacher_force` runs the passes of one round
+(`teacher.py`: vLLM shapes and kvqual serve; `sglang.py`: SGLang's /generate) and leaves its
+files beside the baseline's run (their names, writer and reader: `kvqual.forced`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
-from kvqual.compare import metrics as mx
-from kvqual.compare.progress import say
-from kvqual.compare.sglang import SglangForcer
-from kvqual.compare.teacher import FAILED, Forced, TeacherForcer, check_echo_trust, force_all, load_forced, trust_sample
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import EchoDisagreement, InfrastructureError
+from kvqual.forced import FAILED, refusal, refusal_file, teacher_file, window_file
+from kvqual.forcing.sglang import SglangForcer
+from kvqual.forcing.teacher import TeacherForcer, check_echo_trust, force_all, trust_sample
+from kvqual.news import say
 from kvqual.records import Item, RunManifest
 from kvqual.store import load_samples, write_json_atomic
-
-
-def forcing_from(path: Path, records: Mapping[tuple[str, str, int], Forced]) -> mx.Forcing:
-    """A teacher file's records with their per-token data as arrays (an empty pass when the
-    records were left out: teacher forcing off or refused)."""
-    if not records:
-        return mx.Forcing({})
-    return mx.Forcing(records, path=path)  # its arrays are read when first used
-
-
-def forcing_of(path: Path) -> mx.Forcing:
-    """A teacher file, read for the judge: records + arrays."""
-    return forcing_from(path, load_forced(path, logprobs=False))
-
-
-def teacher_file(base_dir: Path, scorer_run_id: str, again: bool = False) -> Path:
-    return base_dir / f"teacher-by-{scorer_run_id}{'-again' if again else ''}.jsonl"
-
-
-def window_file(base_dir: Path, scorer_run_id: str) -> Path:
-    """Where a compare records the prompt limit a scoring server's windows were planned against
-    (`TeacherForcer.limit_to`; docs/longgen.md), so the report says it, offline too."""
-    return base_dir / f"teacher-window-by-{scorer_run_id}.json"
-
-
-def window_limit_of(base_dir: Path, scorer_run_id: str) -> tuple[bool, int | None]:
-    """(recorded?, the limit): a run forced before kvqual recorded it has no file."""
-    try:
-        return True, json.loads(window_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))["max_prompt"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False, None
 
 
 async def common_window_limit(*targets: Target) -> int | None:
@@ -70,19 +33,6 @@ async def common_window_limit(*targets: Target) -> int | None:
             await forcer.aclose()
     known = [n for n in limits if n is not None]
     return min(known) if known else None
-
-
-def refusal_file(base_dir: Path, scorer_run_id: str) -> Path:
-    """Where a compare records that a server's echo failed the trust check (so no round forces it
-    again, and `kvqual report` says the same thing offline)."""
-    return base_dir / f"teacher-refused-by-{scorer_run_id}.json"
-
-
-def refusal(base_dir: Path, scorer_run_id: str) -> dict[str, Any] | None:
-    try:
-        return json.loads(refusal_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],

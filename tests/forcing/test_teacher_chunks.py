@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from kvqual.client import completion_payload, parse_completion
-from kvqual.compare.teacher import (CHUNK_CONTEXT_SHARE, CHUNK_MIN_ROOM, FAILED, Forced, TeacherForcer,
-                                    chunk_windows, refused_limit)
-from kvqual.records import GenerationParams, Item, Sample
+from kvqual.forced import FAILED, Forced
+from kvqual.forcing.teacher import CHUNK_CONTEXT_SHARE, CHUNK_MIN_ROOM, TeacherForcer, chunk_windows
+from kvqual.records import GenerationParams, Item, Sample, refused_limit
 
 MODEL = "fake-model"
 PARAMS = GenerationParams(max_tokens=2000, top_logprobs=3, token_ids=True)

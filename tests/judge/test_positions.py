@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kvqual.compare import positions as pos
-from kvqual.compare import tokens as tk
+from kvqual.judge import positions as pos
+from kvqual.judge import tokens as tk
 from kvqual.records import TokenLogprobs
 
 
@@ -158,7 +158,7 @@ def test_topk_kl_rows_match_scalar_on_edge_cases() -> None:
 def test_common_prefix_is_the_first_differing_character() -> None:
     import os
 
-    from kvqual.compare.metrics import common_prefix
+    from kvqual.judge.metrics import common_prefix
 
     rng = np.random.default_rng(13)
     for _ in range(2000):

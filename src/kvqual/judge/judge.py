@@ -1,6 +1,7 @@
-"""`kvqual compare` and `kvqual report`: check that the candidate serves what the config says,
-then judge the saved runs (pure over the files) and write the reports. The rounds that produce the
-runs are `flow.py`; teacher forcing of a round, `forcing.py`.
+"""The judge: saved runs → the report dict (report.json), pure over the files. `kvqual report` is
+this alone; `kvqual compare` calls it after each round (compare/flow.py). Its imports hold no
+transport: it reads the run folders (store.py, tokenstore.py) and the teacher-forcing files
+(forced.py), never a server (tests/test_architecture.py checks the closure).
 """
 
 from __future__ import annotations
@@ -14,61 +15,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvqual import __version__
-from kvqual.compare import metrics as mx
-from kvqual.compare import positions as pos
-from kvqual.compare.forcing import forcing_from, refusal, teacher_file, window_limit_of
-from kvqual.compare.teacher import load_forced
-from kvqual.config import Target
-from kvqual.errors import KvqualError, MismatchError
+from kvqual.forced import load_forced, refusal, teacher_file, window_limit_of
+from kvqual.judge import metrics as mx
+from kvqual.judge import positions as pos
+from kvqual.judge.metrics import forcing_from
+from kvqual.errors import KvqualError
 from kvqual.gate import GatePolicy
 from kvqual.records import RunManifest
-from kvqual.store import SAMPLES, load_manifest, load_samples, write_json_atomic
+from kvqual.store import SAMPLES, load_manifest, load_samples
 
 if TYPE_CHECKING:
     from kvqual.load.evidence import LoadEvidence
 
 REPORT_SCHEMA_VERSION = 1
-
-
-def verify(base: RunManifest, cand: RunManifest, allow_mismatch: bool) -> list[str]:
-    """Refuse comparisons of the wrong thing (exit 2) unless --allow-mismatch; return warnings."""
-    problems, warnings = [], []
-    if base.model and cand.model and base.model != cand.model:
-        problems.append(f"the arms serve different models: {base.model!r} vs {cand.model!r}")
-    for m in (base, cand):
-        reported = m.server_info.get("kv_cache_dtype")
-        if m.kv_cache_dtype and reported and _norm(reported) != _norm(m.kv_cache_dtype):
-            problems.append(f"{m.target} is configured with kv_cache_dtype {m.kv_cache_dtype!r} but the server "
-                            f"reports {reported!r}")
-        if m.kv_cache_dtype and not reported:
-            warnings.append(f"{m.target}: the server does not report its KV dtype, so kv_cache_dtype "
-                            f"{m.kv_cache_dtype!r} could not be verified")
-        scale = (m.server_info.get("server_info") or {}).get("kv_scale")
-        if reported and "fp8" in str(reported) and str(scale) == "1.0":
-            warnings.append(f"{m.target} runs an fp8 KV cache with a default scale of 1.0 (no calibrated scales)")
-    rb, rc = base.server_info.get("kv_cache_dtype"), cand.server_info.get("kv_cache_dtype")
-    if (base.kv_cache_dtype and cand.kv_cache_dtype and _norm(base.kv_cache_dtype) != _norm(cand.kv_cache_dtype)
-            and rb and rc and _norm(rb) == _norm(rc)):
-        problems.append(f"both arms report KV dtype {rb!r} while the config says {base.kv_cache_dtype!r} vs "
-                        f"{cand.kv_cache_dtype!r}")
-    if problems and not allow_mismatch:
-        raise MismatchError("; ".join(problems) + " (pass --allow-mismatch to compare anyway)")
-    return warnings + [f"allowed mismatch: {p}" for p in problems]
-
-
-async def as_reported(target: Target, like: RunManifest) -> RunManifest:
-    """What `target` reports about itself, shaped as a manifest so `verify` can check it before a run."""
-    from kvqual import probe
-
-    info = await probe.describe(target.base_url, target.api_key())
-    model = target.model or (info["models"][0] if info["models"] else None)
-    return replace(like, target=target.name, model=model, kv_cache_dtype=target.kv_cache_dtype, server_info=info)
-
-
-def _norm(dtype: str) -> str:
-    d = dtype.lower()
-    return {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
-            "float8_e5m2": "fp8_e5m2", "f16": "fp16", "float16": "fp16", "half": "fp16"}.get(d, d)
 
 
 def _run_summary(m: RunManifest | None) -> dict[str, Any] | None:
@@ -119,7 +78,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     `plan` ({"pool", "sizes", "stop"}) comes from the compare; without it the looks are the
     geometric schedule (`look_sizes`) over the items the candidate answered."""
     from kvqual.gate import decide_sequence, look_sizes
-    from kvqual.runner import item_order
+    from kvqual.plan import item_order
 
     bm, cm = load_manifest(base_dir), load_manifest(cand_dir)
     if speed_from is not None:
@@ -199,7 +158,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     if sb and sc:
         ratio = {"estimate": None, "ci_low": None, "ci_high": None}
         if tb.size >= 2 and tb.sum() > 0:
-            from kvqual.compare import stats as st
+            from kvqual import stats as st
 
             r, _ = st.ratio_of_means_ci(tb, tc)
             ratio = {"estimate": mx._r(r.estimate), "ci_low": mx._r(r.low), "ci_high": mx._r(r.high)}
@@ -315,79 +274,6 @@ def slower_flag(ratio: Mapping[str, Any], comparable: bool, min_speedup: float |
                else f"; gated by min_speedup {min_speedup:g}"))
 
 
-def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / "report.json", report)
-    paths = {"json": out_dir / "report.json"}
-    from kvqual.report import write_reports
-
-    paths.update(write_reports(report, out_dir))
-    return paths
-
-
-def console_summary(report: dict[str, Any]) -> str:
-    v = report["verdict"]
-    lines = [f"{v['verdict']}: {v['reason']}"]
-    from kvqual.report.summary import capacity_line, criterion_rows, fit_line, sequential_line, teacher_line
-
-    for line in (teacher_line(report), fit_line(report)):
-        if line:
-            lines.append(line)
-    slower = (report.get("speed") or {}).get("slower")
-    if slower:
-        lines.append(f"note: {slower}")
-    # the report's display units (points, nats/token, ×, %; three significant figures); the level once
-    rows = criterion_rows(report)
-    levels = sorted({c["ci_level"] for c in v["criteria"] if c.get("ci_level")})
-    width = max([len(c["label"]) for c in v["criteria"]] + [20]) + 2
-    lines += ["", f"{'criterion':<{width}}{'role':<9}{'estimate':>18}  {'interval':<26}{'bound':<22}status"
-              + (f"   ({' / '.join(f'{x:.0%}' for x in levels)} intervals)" if levels else "")]
-    groups = {"primary": "primary: each must be shown inside its bound for PASS",
-              "guard": "guards: one shown outside fails the candidate; undecided ones do not block PASS",
-              "health": "run health: passes when the observed failure rate is within its bound"}
-    for group, heading in groups.items():
-        members = [(c, row) for c, row in zip(v["criteria"], rows)
-                   if ("health" if c["name"].startswith("failed_rate") else c["role"]) == group]
-        if members:
-            lines.append(f"  {heading}")
-        for c, row in members:
-            ci = row.ci.rsplit(" (", 1)[0]
-            lines.append(f"{c['label']:<{width}}{c['role']:<9}{row.estimate:>18}  {ci:<26}{row.bound:<22}"
-                         f"{c['status'].upper()}")
-    ov = report["suites"].get("overall", {})
-    gen, tok = (ov.get("generation") or {}).get("ab"), (ov.get("teacher") or {}).get("ab")
-    if gen:
-        ratio = "—" if gen["len_ratio"] is None else f"{gen['len_ratio']:.2f}×"
-        lines.append(f"\nexact outputs {gen['exact_rate']:.1%}, length ratio {ratio}, n={gen['n']} pairs")
-    if tok:
-        lines.append(f"teacher-forced: mean KL {tok['mean_kl']:.3g} nats/token (token mean), same top-1 "
-                     f"{tok['same_top1_rate']:.1%} over {tok['n_tokens']} tokens")
-    seq = sequential_line(report)
-    if seq:
-        lines.append(seq)
-    cap = capacity_line(report)
-    if cap:
-        lines.append(cap)
-    if report.get("speed"):
-        s = report["speed"]
-        r = s["ratio"]
-        ratio = "" if r.get("estimate") is None else (
-            f"; per-request tok/s ratio {r['estimate']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
-        lines.append(f"speed: {s['baseline']['output_tok_s']:.3g} → {s['candidate']['output_tok_s']:.3g} output "
-                     f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}"
-                     + (f" — {s['note']}" if s.get("note") else ""))
-    steady = report.get("steady_speed")
-    if steady:  # --speed-from: what the speedup criterion read
-        r, arms = steady["ratio"], steady["arms"]
-        ci = "" if r.get("low") is None else f" [{r['low']:.3g}, {r['high']:.3g}] ({r['level']:.0%}, Fieller)"
-        lines.append(f"steady speed at saturation ({steady['source']}): {arms['baseline']['output_tok_s']:.4g} → "
-                     f"{arms['candidate']['output_tok_s']:.4g} output tok/s at concurrency {steady['concurrency']}; "
-                     f"ratio {r['estimate']:.3g}{ci}")
-    for w in report.get("warnings", []):
-        lines.append(f"warning: {w}")
-    return "\n".join(lines)
-
-
 def find_aa(base_dir: Path) -> Path | None:
     """The A/A replicate saved beside a baseline run, if any."""
     # a run killed between taking its folder's lock and writing its manifest leaves a folder with
@@ -407,5 +293,3 @@ def load_report_inputs(run_a: str, run_b: str, aa: str | None) -> tuple[Path, Pa
     return a, b, aa_dir
 
 
-def dump(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=False)

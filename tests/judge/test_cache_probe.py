@@ -8,12 +8,12 @@ import pytest
 from kvtest import write_suite
 from test_compare import criterion, kvqual, report_of
 
-from kvqual.compare import metrics as mx
+from kvqual.judge import metrics as mx
 from kvqual.config import Target
 from kvqual.gate import CachePairs, GatePolicy
 from kvqual.gate import criteria as cr
 from kvqual.records import Item
-from kvqual.runner import cache_waves
+from kvqual.plan import cache_waves
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 

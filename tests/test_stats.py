@@ -1,4 +1,4 @@
-"""kvqual.compare.stats against published values, scipy/statsmodels, brute force and simulation."""
+"""kvqual.stats against published values, scipy/statsmodels, brute force and simulation."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from kvqual.compare import stats as st
+from kvqual import stats as st
 
 # Cavo et al. 2012 paired table [[59, 6], [16, 80]] (Fagerland, Lydersen & Laake,
 # "Statistical Analysis of Contingency Tables", ch. 8): first = candidate, second = baseline.
@@ -227,7 +227,7 @@ def test_single_proportion_cis_match_statsmodels(k: int, n: int) -> None:
 
 
 def test_hall_transform_is_inverted_exactly_and_corrects_toward_the_skew() -> None:
-    from kvqual.compare.stats import cluster_skewness, hall_inverse, hall_transform
+    from kvqual.stats import cluster_skewness, hall_inverse, hall_transform
 
     for t in (-3.0, -1.0, 0.0, 0.5, 2.5):
         for skew in (-1.5, 0.0, 2.0):
@@ -314,7 +314,7 @@ def test_stratified_score_test_is_tango_in_one_stratum_and_holds_its_size_at_the
 
 
 def test_generation_metrics_report_length_quantiles_and_distinct2():
-    from kvqual.compare.metrics import generation_metrics
+    from kvqual.judge.metrics import generation_metrics
     from kvqual.records import Sample
 
     def s(i, text, n):
@@ -337,7 +337,7 @@ def test_generation_metrics_report_length_quantiles_and_distinct2():
 def test_items_that_send_the_same_prompt_are_one_cluster():
     """A user suite that asks one question twice (or an item sent with --repeats) is one unit of
     evidence: its samples share a cluster, by what they sent, not by their ids."""
-    from kvqual.compare.metrics import cluster_id
+    from kvqual.judge.metrics import cluster_id
     from kvqual.records import Item, Sample
 
     a, b = Item(id="q1", suite="s", prompt="What is 2 + 2?"), Item(id="q7", suite="s", prompt="What is 2 + 2?")

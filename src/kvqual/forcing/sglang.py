@@ -40,7 +40,8 @@ from typing import Any, Mapping
 import httpx
 
 from kvqual.client import TOKEN_ID_PREFIX, classify, decode_json
-from kvqual.compare.teacher import FAILED, TeacherForcer
+from kvqual.forced import FAILED
+from kvqual.forcing.teacher import TeacherForcer
 from kvqual.errors import ServerContractError
 from kvqual.probe import server_root
 from kvqual.records import TokenLogprobs

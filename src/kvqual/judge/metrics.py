@@ -15,10 +15,10 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from kvqual.compare import positions as pos
-from kvqual.compare import stats as st
-from kvqual.compare import tokens as tk
-from kvqual.compare.teacher import FAILED, Forced
+from kvqual.judge import positions as pos
+from kvqual import stats as st
+from kvqual.judge import tokens as tk
+from kvqual.forced import FAILED, Forced, load_forced
 from kvqual.gate import (AccuracyPairs, CachePairs, GateInputs, LengthPairs, RatePairs, RequestCounts,
                          TokenCoverage, TokenPairs)
 from kvqual.gate.criteria import CONTEXT_PREFIX
@@ -705,3 +705,17 @@ def throughput_pairs(base: Mapping[Key, Sample], cand: Mapping[Key, Sample]) -> 
     b = np.array([(base[k].completion_tokens or 0) / base[k].latency_s for k in keys])  # type: ignore[operator]
     c = np.array([(cand[k].completion_tokens or 0) / cand[k].latency_s for k in keys])  # type: ignore[operator]
     return b, c
+
+
+def forcing_from(path: Path, records: Mapping[tuple[str, str, int], Forced]) -> Forcing:
+    """A teacher file's records with their per-token data as arrays (an empty pass when the
+    records were left out: teacher forcing off or refused)."""
+    if not records:
+        return Forcing({})
+    return Forcing(records, path=path)  # its arrays are read when first used
+
+
+
+def forcing_of(path: Path) -> Forcing:
+    """A teacher file, read for the judge: records + arrays."""
+    return forcing_from(path, load_forced(path, logprobs=False))

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvqual import tokenstore
-from kvqual.compare.tokens import PROB_FLOOR
+from kvqual.judge.tokens import PROB_FLOOR
 
 Key = tuple[str, str, int]
 PAD = -1  # code of an empty top-k slot

@@ -28,32 +28,25 @@ records its windows (`Forced.chunks`), see docs/longgen.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import itertools
-import json
 import math
-import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import httpx
 
-from kvqual import tokenstore
 from kvqual.client import Transport, backoff_delay, classify, echo_payload, parse_echo
-from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError, UsageError
+from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError
+from kvqual.forced import FAILED, Forced, ForcedWriter, load_forced, one_writer
 from kvqual.probe import server_root
-from kvqual.records import Item, Sample, TokenLogprobs, dumps_line, refused_limit
-from kvqual.store import TOKEN_DATA, decode_line
+from kvqual.records import Item, Sample, TokenLogprobs, refused_limit
 
 # nats. Echo re-scores the server's own greedy output in one prefill; with per-request fp8 scales
 # calibrated on what is prefilled (prompt vs prompt + completion) the two legitimately differ:
 # ~0.02 for fp8_e4m3 and 0.108 measured for fp8_e5m2 (2 mantissa bits) on the reference server.
 # An echo shifted by one position or from another model is off by whole nats.
 ECHO_TRUST_MAX_MEAN_ABS = 0.5
-FAILED = "teacher-forcing request failed"  # a Forced with this reason is retried by the next pass
 ECHO_TRUST_ITEMS = 3  # own outputs scored per API kind (chat, completions) before forcing
 # Chunked forcing (docs/longgen.md): of a window's completion room, the least share that is context for
 # the tokens it scores (0.5: each token sees at least half a window of preceding completion; every
@@ -88,39 +81,6 @@ def chunk_windows(prompt_len: int, completion_len: int, max_prompt: int | None,
         windows.append((max(0, end - room), start, end))
         start = end
     return windows
-
-
-@dataclass(frozen=True)
-class Forced:
-    """One teacher-forced item: the completion's tokens as the scoring server saw them."""
-
-    suite: str
-    id: str
-    repeat: int
-    aligned: bool
-    reason: str | None
-    logprobs: TokenLogprobs | None  # completion positions only
-    method: str | None = None  # "ids" (exact token ids) or "text" (text alignment); None: not scored
-    # chunked forcing: {"max_prompt": tokens one scoring request held, "windows": [[a, s, e], ...]}
-    # (chunk_windows); None when the completion was scored in one request
-    chunks: Mapping[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"suite": self.suite, "id": self.id, "repeat": self.repeat, "aligned": self.aligned,
-               "reason": self.reason, "method": self.method,
-               "logprobs": self.logprobs.to_json() if self.logprobs else None}
-        if self.chunks is not None:  # only where chunked: unchunked records keep their bytes
-            out["chunks"] = {"max_prompt": self.chunks["max_prompt"],
-                             "windows": [list(w) for w in self.chunks["windows"]]}
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Forced":
-        lp = TokenLogprobs.from_json(d["logprobs"]) if d.get("logprobs") else None
-        method = d.get("method", "text" if lp is not None else None)  # files from before ids were text
-        chunks = d.get("chunks")
-        return cls(d["suite"], d["id"], d["repeat"], d["aligned"], d.get("reason"), lp, method,
-                   chunks if isinstance(chunks, Mapping) else None)
 
 
 def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogprobs | None,
@@ -439,24 +399,8 @@ async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item]
     completes (one flushed line), so an interrupted pass keeps what it scored and the next pass asks
     only for the rest: a sequential compare forces each round's items once. Failed ones are asked
     again. Returns the Forced of `samples`, in their order. `on_done` is called per record written."""
-    with _one_writer(out):
+    with one_writer(out):
         return await _force_all(forcer, items, samples, out, on_done)
-
-
-@contextlib.contextmanager
-def _one_writer(out: Path) -> Iterator[None]:
-    """An advisory lock on `out` (`<out>.lock`, freed when the process dies): two compares that reuse
-    one baseline never append to the same teacher-forcing file at once; the second is refused."""
-    fd = os.open(out.with_name(out.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"{out}: another kvqual process is teacher-forcing into this file; wait for it "
-                             "to finish") from None
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor frees the lock
 
 
 async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
@@ -464,7 +408,7 @@ async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item
     done = {k: f for k, f in load_forced(out, logprobs=False).items() if not (f.reason or "").startswith(FAILED)}
     todo = [s for s in samples if s.key not in done and (s.suite, s.id) in items]  # failed ones are asked again
     if todo:
-        with _ForcedWriter(out, keep=done) as writer:
+        with ForcedWriter(out, keep=done) as writer:
             async def one(sample: Sample) -> None:
                 f = await forcer.force(items[(sample.suite, sample.id)], sample)
                 writer.write(f)  # no await inside: on one event loop each record lands whole (single writer)
@@ -483,54 +427,6 @@ async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item
     return [done[s.key] for s in samples if s.key in done]
 
 
-class _ForcedWriter:
-    """Appends Forced records to a teacher file: the logprobs as a row of its token file
-    (tokenstore.py), written first, then the line, flushed. Opening rewrites the token file with
-    the rows of `keep` (an Arrow stream is not appended to once closed)."""
-
-    def __init__(self, path: Path, keep: Mapping[tuple[str, str, int], Forced] | None = None) -> None:
-        self.path, self.keep = path, keep
-
-    def __enter__(self) -> "_ForcedWriter":
-        keep = self.keep
-        self._tokens = tokenstore.TokenFile.open(tokenstore.tokens_path(self.path),
-                                                 None if keep is None else (lambda k: k in keep))
-        self._fh = _append_lines(self.path)
-        return self
-
-    def write(self, f: Forced) -> None:
-        line = f.to_json()
-        if f.logprobs is not None:
-            self._tokens.append((f.suite, f.id, f.repeat), f.logprobs)
-            line = {**line, "logprobs": None, TOKEN_DATA: True}
-        self._fh.write(dumps_line(line))
-        self._fh.flush()
-
-    def __exit__(self, *exc: object) -> None:
-        self._fh.close()
-        self._tokens.close()
-
-
-def _append_lines(path: Path) -> IO[str]:
-    """`path` opened for appending JSONL; a torn last line (an interrupted pass) is ended first, so
-    the next line is not glued to it (load_forced skips the torn one)."""
-    if path.is_file() and path.stat().st_size:
-        with path.open("rb") as fh:
-            fh.seek(-1, 2)
-            torn = fh.read(1) != b"\n"
-        if torn:
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write("\n")
-    return path.open("a", encoding="utf-8")
-
-
-def save_forced(path: Path, forced: Iterable[Forced]) -> None:
-    """Append teacher-forced records to a teacher file (what a forcing pass writes as it goes)."""
-    with _ForcedWriter(path) as writer:
-        for f in forced:
-            writer.write(f)
-
-
 def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_kind: int = ECHO_TRUST_ITEMS) -> list[Sample]:
     """The server's own outputs the echo check scores: `per_kind` of each API kind (chat and
     completions are rendered differently, so each path is checked on its own)."""
@@ -545,26 +441,3 @@ def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_k
     return [s for bucket in picked.values() for s in bucket]
 
 
-def load_forced(path: Path, logprobs: bool = True) -> dict[tuple[str, str, int], Forced]:
-    """Forced items by key; a torn last line (an interrupted pass) is skipped and forced again,
-    as is a line whose token row is not on disk. `logprobs=False`: the records without what the
-    token file holds (the judge reads it as arrays; lines from before the token files keep the
-    logprobs they carry inline). Files from before the token file read the same."""
-    if not path.is_file():
-        return {}
-    out: dict[tuple[str, str, int], Forced] = {}
-    stored: set[tuple[str, str, int]] = set()
-    for line in path.read_bytes().splitlines():
-        if not line.strip():
-            continue
-        try:
-            obj = decode_line(line)
-            f = Forced.from_json(obj)
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            continue
-        key = (f.suite, f.id, f.repeat)
-        out[key] = f
-        (stored.add if obj.get(TOKEN_DATA) else stored.discard)(key)
-    if stored and logprobs:
-        tokenstore.attach(out, stored, path)
-    return out

@@ -1,4 +1,4 @@
-"""kvqual.compare.tokens: KL approximation against exact KLs, per-position metrics, loops."""
+"""kvqual.judge.tokens: KL approximation against exact KLs, per-position metrics, loops."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kvqual.compare import tokens as tk
+from kvqual.judge import tokens as tk
 
 
 def _logsoftmax(x: np.ndarray) -> np.ndarray:
@@ -129,7 +129,7 @@ def test_repetition_loop_not_found_in_normal_text() -> None:
 
 
 def _own(gen_lps, echo_lps):
-    from kvqual.compare.teacher import Forced
+    from kvqual.forced import Forced
     from kvqual.records import Sample, TokenLogprobs
 
     toks = tuple(f"t{i}" for i in range(len(gen_lps)))
@@ -142,7 +142,7 @@ def _own(gen_lps, echo_lps):
 def test_echo_trust_tolerates_fp8_scale_noise_not_a_shifted_echo():
     import pytest
 
-    from kvqual.compare.teacher import check_echo_trust
+    from kvqual.forcing.teacher import check_echo_trust
     from kvqual.errors import ServerContractError
 
     gen = [-0.1, -2.3, -0.05, -1.7, -0.4, -3.1, -0.2, -0.9]
@@ -161,7 +161,7 @@ def test_echo_trust_tolerates_fp8_scale_noise_not_a_shifted_echo():
 def test_completion_slice_drops_the_token_generated_after_an_echo():
     """echo with max_tokens=1 on a server that reports no usage: the positions at or past the end of
     the text sent are the generated token, not part of the completion being scored."""
-    from kvqual.compare.teacher import completion_slice
+    from kvqual.forcing.teacher import completion_slice
     from kvqual.records import TokenLogprobs
 
     prompt, completion = "Q: hi\nA:", " ok there"
@@ -176,7 +176,7 @@ def test_completion_slice_drops_the_token_generated_after_an_echo():
 
 
 def test_distinct_n_counts_repeated_word_ngrams():
-    from kvqual.compare.tokens import distinct_n
+    from kvqual.judge.tokens import distinct_n
 
     assert distinct_n("the cat sat on the mat") == 1.0  # 5 bigrams, all different
     assert distinct_n("a b a b a b") == 2 / 5  # (a b), (b a) over 5 bigrams

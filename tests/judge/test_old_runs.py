@@ -8,7 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from kvqual.compare import session
+from kvqual.forced import load_forced
+from kvqual.judge.judge import judge
 from kvqual.gate import GatePolicy
 from kvqual.store import SAMPLES, load_samples
 
@@ -23,14 +24,14 @@ def _inline(folder: Path) -> None:
     samples = load_samples(folder)
     (folder / SAMPLES).write_text("".join(json.dumps(s.to_json()) + "\n" for s in samples.values()))
     for teacher in folder.glob("teacher-by-*.jsonl"):
-        forced = session.load_forced(teacher)
+        forced = load_forced(teacher)
         teacher.write_text("".join(json.dumps(f.to_json()) + "\n" for f in forced.values()))
     for arrow in folder.glob("*.tokens.arrow"):
         arrow.unlink()
 
 
 def _judge(f) -> dict:
-    report = session.judge(f.base, f.cand, f.aa, GatePolicy(), command="test")
+    report = judge(f.base, f.cand, f.aa, GatePolicy(), command="test")
     return {k: report[k] for k in ("verdict", "suites", "plots", "examples")}
 
 
