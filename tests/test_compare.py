@@ -241,7 +241,7 @@ def test_a_server_that_serves_one_request_at_a_time_makes_speed_not_comparable(t
 
 
 def test_busy_seconds_is_the_union_of_request_intervals():
-    from kvqual.judge.metrics import busy_seconds
+    from kvqual.judge.speed import busy_seconds
 
     assert busy_seconds([(0, 2), (1, 3), (10, 11), (10.5, 10.7)]) == pytest.approx(4.0)
     assert busy_seconds([]) == 0

@@ -337,7 +337,7 @@ def test_generation_metrics_report_length_quantiles_and_distinct2():
 def test_items_that_send_the_same_prompt_are_one_cluster():
     """A user suite that asks one question twice (or an item sent with --repeats) is one unit of
     evidence: its samples share a cluster, by what they sent, not by their ids."""
-    from kvqual.judge.metrics import cluster_id
+    from kvqual.judge.arms import cluster_id
     from kvqual.records import Item, Sample
 
     a, b = Item(id="q1", suite="s", prompt="What is 2 + 2?"), Item(id="q7", suite="s", prompt="What is 2 + 2?")

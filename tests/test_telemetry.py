@@ -73,7 +73,7 @@ def test_llama_cpp_names_and_the_queue_are_read():
 
 
 def test_a_server_that_queues_makes_speed_a_queue_figure():
-    from kvqual.judge.metrics import queueing
+    from kvqual.judge.speed import queueing
 
     serial = {"waiting_mean": 30.2, "running_peak": 1.0}
     note = queueing(serial, 32)

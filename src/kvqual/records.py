@@ -282,7 +282,9 @@ class RunManifest:
     replicate: int
     fraction: float  # share of items covered (an A/A replicate may cover fewer)
     concurrency: int
-    status: Literal["running", "complete", "incomplete"]
+    # running: being written; partial: this round's units answered, later rounds to come (a sequential
+    # compare); complete: every planned unit answered; incomplete: interrupted, or too many failed
+    status: Literal["running", "partial", "complete", "incomplete"]
     started_at: float
     finished_at: float | None
     counts: Mapping[str, int]

@@ -8,7 +8,7 @@ import pytest
 from kvtest import write_suite
 from test_compare import criterion, kvqual, report_of
 
-from kvqual.judge import metrics as mx
+from kvqual.judge import cache as mx
 from kvqual.config import Target
 from kvqual.gate import CachePairs, GatePolicy
 from kvqual.gate import criteria as cr

@@ -4,7 +4,8 @@ every scoring server the same limit, so that both arms score the same windows.""
 
 import pytest
 
-from kvqual.judge import metrics as mx
+from kvqual.judge import arms as mx
+from kvqual.judge.teacher import forced_pairs
 from kvqual.forced import Forced
 from kvqual.records import TokenLogprobs
 
@@ -23,7 +24,7 @@ def test_only_pairs_scored_in_the_same_windows_are_compared() -> None:
     cand = _forcing({"one": None, "both": WINDOWS, "mixed": WINDOWS})
     keys = [("s", "one", 0), ("s", "both", 0), ("s", "mixed", 0)]
     assert [mx.same_windows(base, cand, k) for k in keys] == [True, True, False]
-    pp = mx.forced_pairs(base, cand, keys)
+    pp = forced_pairs(base, cand, keys)
     assert sorted(pp.keys) == [("s", "both", 0), ("s", "one", 0)]
     assert float(pp.kl.max()) == 0.0  # the same scores: compared like for like
 
@@ -44,7 +45,7 @@ def test_a_compare_gives_both_servers_the_smaller_limit_so_long_pairs_are_compar
     import subprocess
     import sys
 
-    from kvqual.judge.metrics import WINDOWS_DIFFER
+    from kvqual.judge.teacher import WINDOWS_DIFFER
     from kvqual.forced import load_forced
     from kvqual.forcing.teacher import chunk_windows
     from kvtest import write_suite

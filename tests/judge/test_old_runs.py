@@ -31,7 +31,7 @@ def _inline(folder: Path) -> None:
 
 
 def _judge(f) -> dict:
-    report = judge(f.base, f.cand, f.aa, GatePolicy(), command="test")
+    report = judge(f.base, f.cand, f.aa, GatePolicy(), command="test").to_json()
     return {k: report[k] for k in ("verdict", "suites", "plots", "examples")}
 
 

@@ -7,13 +7,16 @@ import asyncio
 import shlex
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from dataclasses import replace
 
 from kvqual.config import Config, load_config
 from kvqual.errors import UsageError
 from kvqual.options import overrides
+
+if TYPE_CHECKING:
+    from kvqual.judge.record import LookPlan
 
 
 SPEED_FROM_HELP = ("judge the speedup criterion on the steady-state throughput ratio of a `kvqual load` of the same "
@@ -118,7 +121,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report = asyncio.run(flow.execute())
     s = flow.state
     assert s.bm is not None and s.cm is not None
-    return _finish(report, _out_dir(run.results_dir, s.bm.run_id, s.cm.run_id, None), args.json)
+    return _finish(report.to_json(), _out_dir(run.results_dir, s.bm.run_id, s.cm.run_id, None), args.json)
 
 
 def _gate_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -135,7 +138,7 @@ def _gate_flags(config: Config, args: argparse.Namespace) -> Config:
     return replace(config, gate=replace(config.gate, **changes)) if changes else config
 
 
-def _plan(*folders: Path, policy) -> dict | None:
+def _plan(*folders: Path, policy) -> LookPlan | None:
     """The look plan saved by the compare that wrote one of these folders' report.json."""
     from kvqual.judge.judge import saved_plan
 
@@ -161,5 +164,4 @@ def cmd_report(args: argparse.Namespace) -> int:
                            teacher_forcing=not args.no_teacher_forcing, warnings=warnings,
                            seed=bm.params.seed, plan=_plan(out, _out_dir(str(a.parent), bm.run_id, cm.run_id, None),
                                                            policy=config.gate), speed_from=speed_from)
-    report["command"] = _command_line()
-    return _finish(report, out, args.json)
+    return _finish(report.to_json(), out, args.json)

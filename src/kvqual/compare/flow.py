@@ -30,7 +30,8 @@ from kvqual.forced import teacher_file
 from kvqual.forcing import rounds as forcing
 from kvqual.gate import look_sizes
 from kvqual.judge.judge import judge
-from kvqual.judge import metrics as mx
+from kvqual.judge.record import Judgement, LookPlan
+from kvqual.judge.arms import MIN_REPRODUCED, floor_reproduced, forcing_of
 from kvqual.news import say
 from kvqual.plan import item_order, plan_units
 from kvqual.records import RunManifest
@@ -57,7 +58,7 @@ class CompareState:
     warnings: list[str] = field(default_factory=list)
     looks_taken: int = 0
     stop: str | None = None
-    report: dict[str, Any] | None = None
+    report: Judgement | None = None
 
 
 def serve_together(config: Config, base: Target, cand: Target) -> bool:
@@ -226,9 +227,9 @@ class Compare:
 
     def _floor_reproduced(self, bm: RunManifest) -> bool:
         base_dir = self.root / bm.run_id
-        again = mx.forcing_of(teacher_file(base_dir, bm.run_id, True))
-        return mx.floor_reproduced(mx.forcing_of(teacher_file(base_dir, bm.run_id)), again) \
-            and len(again.records) >= mx.MIN_REPRODUCED
+        again = forcing_of(teacher_file(base_dir, bm.run_id, True))
+        return floor_reproduced(forcing_of(teacher_file(base_dir, bm.run_id)), again) \
+            and len(again.records) >= MIN_REPRODUCED
 
     def _spent(self) -> None:
         """Generated tokens so far, every arm and the A/A replicate together (the token budget)."""
@@ -237,11 +238,11 @@ class Compare:
 
     # ------------------------------------------------------------ judging and budgets
 
-    def judge(self, k: int) -> dict[str, Any]:
+    def judge(self, k: int) -> Judgement:
         s = self.state
         assert s.bm is not None and s.cm is not None
-        plan = {"pool": self.pool, "sizes": self.sizes[: k + 1] if s.stop else self.sizes, "stop": s.stop,
-                "overlap": self.overlap, "planned": self.sizes, "next_look": self.next_look if s.stop else None}
+        plan = LookPlan(self.pool, tuple(self.sizes[: k + 1] if s.stop else self.sizes), tuple(self.sizes), s.stop,
+                        self.overlap, self.next_look if s.stop else None)
         return judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,
@@ -280,12 +281,12 @@ class Compare:
         with self.progress.part("judging", 0):
             report = self.judge(k)
         self.state.report = report
-        decided = report["verdict"]["verdict"] != "INCONCLUSIVE"
-        say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report['verdict']['verdict']}"
+        decided = report.decided
+        say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report.verdict.verdict}"
             + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None
 
-    async def execute(self) -> dict[str, Any]:
+    async def execute(self) -> Judgement:
         from kvqual.launch import serving
 
         together = self.together = serve_together(self.config, self.base_t, self.cand_t)

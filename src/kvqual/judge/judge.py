@@ -18,7 +18,9 @@ from kvqual import __version__
 from kvqual.forced import load_forced, refusal, teacher_file, window_limit_of
 from kvqual.judge import metrics as mx
 from kvqual.judge import positions as pos
-from kvqual.judge.metrics import forcing_from
+from kvqual.judge import speed as sp
+from kvqual.judge.arms import Arm, forcing_from, rounded
+from kvqual.judge.record import Judgement, LookPlan, RunSummary
 from kvqual.errors import KvqualError
 from kvqual.gate import GatePolicy
 from kvqual.records import RunManifest
@@ -30,28 +32,13 @@ if TYPE_CHECKING:
 REPORT_SCHEMA_VERSION = 1
 
 
-def _run_summary(m: RunManifest | None) -> dict[str, Any] | None:
-    if m is None:
-        return None
-    si = m.server_info.get("server_info") or {}
-    return {"run_id": m.run_id, "target": m.target, "model": m.model, "kv_cache_dtype": m.kv_cache_dtype,
-            "reported_kv_dtype": m.server_info.get("kv_cache_dtype"), "kv_scale": si.get("kv_scale"),
-            "kv_fault": si.get("kv_fault"), "engine": m.server_info.get("engine"),
-            "kv_capacity_tokens": m.server_info.get("kv_capacity_tokens"),
-            "token_ids": bool(m.params.token_ids),
-            "base_urls": list(m.base_urls), "units": m.counts.get("units"), "ok": m.counts.get("ok"),
-            "failed": m.counts.get("failed"), "started_at": m.started_at, "finished_at": m.finished_at,
-            "fraction": m.fraction, "concurrency": m.concurrency,
-            "suites": [{"name": s.name, "sha256": s.sha256, "n_items": s.n_items} for s in m.suites]}
-
-
 def _keys_in(samples: dict, items: set[tuple[str, str]]) -> dict:
     return {k: v for k, v in samples.items() if (k[0], k[1]) in items}
 
 
 def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolicy, *, command: str,
           teacher_forcing: bool = True, warnings: list[str] | None = None, allow_mismatch: bool = False,
-          seed: int = 0, plan: dict[str, Any] | None = None, speed_from: LoadEvidence | None = None) -> dict[str, Any]:
+          seed: int = 0, plan: LookPlan | None = None, speed_from: LoadEvidence | None = None) -> Judgement:
     """`_judge` with the cyclic garbage collector paused: the judge reads every sample and forced
     record into objects (65k at 20k items), whose allocation triggers collections that walk all of
     them again and again (~5% of the judge's CPU at 20k items), and it makes no cycles worth
@@ -68,16 +55,16 @@ def judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolic
 
 def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePolicy, *, command: str,
            teacher_forcing: bool = True, warnings: list[str] | None = None, allow_mismatch: bool = False,
-           seed: int = 0, plan: dict[str, Any] | None = None, speed_from: LoadEvidence | None = None) -> dict[str, Any]:
-    """Saved runs → the report dict (report.json). Pure given the files: same runs, same numbers.
+           seed: int = 0, plan: LookPlan | None = None, speed_from: LoadEvidence | None = None) -> Judgement:
+    """Saved runs → the judgement (report.json is its `to_json()`). Pure given the files: same runs, same numbers.
     `speed_from`: a load.json of the same two targets; the speedup criterion is judged on it, the
     same evidence at every look, and report.json gets its `steady_speed`.
 
     The gate replays the looks of a sequential compare: at look k it judges the first sizes[k]
     items of the seeded item order (runner.item_order), as the compare did after each round.
-    `plan` ({"pool", "sizes", "stop"}) comes from the compare; without it the looks are the
-    geometric schedule (`look_sizes`) over the items the candidate answered."""
-    from kvqual.gate import decide_sequence, look_sizes
+    `plan` comes from the compare; without it the looks are the geometric schedule (`look_sizes`)
+    over the items the candidate answered."""
+    from kvqual.gate import decide_sequence
     from kvqual.plan import item_order
 
     bm, cm = load_manifest(base_dir), load_manifest(cand_dir)
@@ -105,19 +92,18 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     order = item_order(((k[0], k[1]) for k in base_s), bm.params.seed)
     answered = {(k[0], k[1]) for k in cand_s}
     if plan is None:
-        pool = len(answered & set(order))
-        plan = {"pool": pool, "sizes": look_sizes(pool, policy.looks, policy.first_look), "stop": None}
+        plan = LookPlan.geometric(len(answered & set(order)), policy)
     prefix = next((i for i, k in enumerate(order) if k not in answered), len(order))  # items both arms reached
-    sizes = [n for n in plan["sizes"] if n <= prefix] or [prefix]
+    sizes = [n for n in plan.sizes if n <= prefix] or [prefix]
     judged = set(order[: sizes[-1]])
     base_s, aa_s = _keys_in(base_s, judged), (_keys_in(aa_s, judged) if aa_s is not None else None)
-    arm_b = mx.Arm(base_s, forcing_from(teacher_file(base_dir, bm.run_id), forced_b),
+    arm_b = Arm(base_s, forcing_from(teacher_file(base_dir, bm.run_id), forced_b),
                    pos.load(base_dir / SAMPLES, base_s, top_k=False),
                    lambda: pos.load(base_dir / SAMPLES, base_s))  # top-k: read only for the cache probe
-    arm_c = mx.Arm(cand_s, forcing_from(teacher_file(base_dir, cm.run_id), forced_c),
+    arm_c = Arm(cand_s, forcing_from(teacher_file(base_dir, cm.run_id), forced_c),
                    pos.load(cand_dir / SAMPLES, cand_s, top_k=False),
                    lambda: pos.load(cand_dir / SAMPLES, cand_s))
-    arm_a = mx.Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_dir and aa_s is not None else None
+    arm_a = Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_dir and aa_s is not None else None
     again = forcing_from(teacher_file(base_dir, bm.run_id, True), forced_b2) if forced_b2 else None
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
     diversity = mx.diversities(arm_b, arm_c, arm_a)
@@ -125,7 +111,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     sections, inputs, plots, evidence = built.sections, built.inputs, built.plots, built.evidence
     if teacher_forcing and refused:
         inputs = _refused_coverage(inputs, tf_note or "")
-    tb, tc = mx.throughput_pairs(base_s, cand_s)
+    tb, tc = sp.throughput_pairs(base_s, cand_s)
     steady = speed_from.steady_speed() if speed_from is not None else None  # the same at every look
     looks = []
     for n in sizes:
@@ -140,29 +126,18 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         elif policy.min_speedup is not None and tb.size >= 2:
             look = replace(look, base_throughput=tb, cand_throughput=tc)
         looks.append((n, look))
-    verdict = decide_sequence(policy, looks, seed, planned=plan.get("planned") or plan["sizes"])
-    vjson = verdict.to_json()
-    taken = len(verdict.looks)
-    stop = _stop_reason(verdict.verdict, taken, sizes, plan)
-    planned = list(plan.get("planned") or plan["sizes"])
-    vjson["sequential"] = {**vjson.get("sequential", {}), "planned_looks": len(planned),
-                           "max_looks": policy.looks, "first_look": policy.first_look, "planned": planned,
-                           "next_look": plan.get("next_look"), "pool": plan["pool"], "sizes": list(plan["sizes"]),
-                           "nominal_alpha": mx._r(verdict.criteria[0].level or policy.alpha, 6), "stop": stop,
-                           "overlap": bool(plan.get("overlap"))}
-    if verdict.verdict == "INCONCLUSIVE":
-        vjson["reason"] += f"; {stop}"
+    verdict = decide_sequence(policy, looks, seed, planned=list(plan.planned))
     speed = None
-    sb = mx.speed(base_s, bm.concurrency, bm.server_metrics)
-    sc = mx.speed(cand_s, cm.concurrency, cm.server_metrics)
+    sb = sp.speed(base_s, bm.concurrency, bm.server_metrics)
+    sc = sp.speed(cand_s, cm.concurrency, cm.server_metrics)
     if sb and sc:
         ratio = {"estimate": None, "ci_low": None, "ci_high": None}
         if tb.size >= 2 and tb.sum() > 0:
             from kvqual import stats as st
 
             r, _ = st.ratio_of_means_ci(tb, tc)
-            ratio = {"estimate": mx._r(r.estimate), "ci_low": mx._r(r.low), "ci_high": mx._r(r.high)}
-        overlap = bool(plan.get("overlap"))
+            ratio = {"estimate": rounded(r.estimate), "ci_low": rounded(r.low), "ci_high": rounded(r.high)}
+        overlap = plan.overlap
         if overlap:  # kvqual's own A/A and teacher-forcing requests filled the servers: a queue of its making
             notes = ["indicative only: the A/A replicate and teacher forcing shared the servers with the answers "
                      + ("(set [gate] min_speedup for a like-for-like ratio; docs/speed.md)" if speed_from is None else
@@ -180,30 +155,32 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     cov = inputs.coverage
     unfit = {k: v for k, v in mx.does_not_fit(arm_b, arm_c, arm_a).items() if k in judged}
     methods = Counter(f.method for k, f in forced_c.items() if f.method and (k[0], k[1]) in judged)
-    return {
-        "schema_version": REPORT_SCHEMA_VERSION, "kvqual_version": __version__,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(bm.finished_at or 0, cm.finished_at or 0))),
-        "command": command, "verdict": vjson,
-        "runs": {"baseline": _run_summary(bm), "candidate": _run_summary(cm), "aa": _run_summary(am)},
-        "teacher_forcing": {
-            "enabled": bool(teacher_forcing and forced_b and forced_c), "requested": teacher_forcing, "note": tf_note,
-            "pairs": cov.pairs if cov else 0, "usable": cov.usable if cov else 0,
-            "left_out": dict(cov.reasons.most_common()) if cov else {},
-            "floor": inputs.tokens.floor_note if inputs.tokens is not None else None,
-            "refused": refused or None,
-            # how the candidate's forced pairs were scored: exact token ids, or text alignment (the fallback)
-            "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)},
-            # candidate pairs whose completion was longer than the server admits, scored in windows
-            "chunked": sum(1 for k, f in forced_c.items() if f.chunks and (k[0], k[1]) in judged),
-            "window_limit": _window_limits(base_dir, bm, cm) if teacher_forcing else None},
-        "capacity": capacity(bm, cm),
-        # prompts a server refused as longer than its context: left out of both arms, neither answer nor failure
-        "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
-                          "ids": [f"{suite}/{i}" for suite, i in sorted(unfit)[:20]]} if unfit else None),
-        "allow_mismatch": allow_mismatch, "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
-        "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
-        **({"steady_speed": speed_from.to_json()} if speed_from is not None else {}),
-    }
+    return Judgement(
+        verdict, plan, tuple(sizes), rounded(verdict.criteria[0].level or policy.alpha, 6),
+        {"baseline": RunSummary(bm), "candidate": RunSummary(cm), "aa": RunSummary(am) if am is not None else None},
+        head={"schema_version": REPORT_SCHEMA_VERSION, "kvqual_version": __version__,
+              "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(bm.finished_at or 0, cm.finished_at or 0))),
+              "command": command},
+        body={
+            "teacher_forcing": {
+                "enabled": bool(teacher_forcing and forced_b and forced_c), "requested": teacher_forcing, "note": tf_note,
+                "pairs": cov.pairs if cov else 0, "usable": cov.usable if cov else 0,
+                "left_out": dict(cov.reasons.most_common()) if cov else {},
+                "floor": inputs.tokens.floor_note if inputs.tokens is not None else None,
+                "refused": refused or None,
+                # how the candidate's forced pairs were scored: exact token ids, or text alignment (the fallback)
+                "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)},
+                # candidate pairs whose completion was longer than the server admits, scored in windows
+                "chunked": sum(1 for k, f in forced_c.items() if f.chunks and (k[0], k[1]) in judged),
+                "window_limit": _window_limits(base_dir, bm, cm) if teacher_forcing else None},
+            "capacity": capacity(bm, cm),
+            # prompts a server refused as longer than its context: left out of both arms, neither answer nor failure
+            "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
+                              "ids": [f"{suite}/{i}" for suite, i in sorted(unfit)[:20]]} if unfit else None),
+            "allow_mismatch": allow_mismatch,
+            "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
+            "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
+            **({"steady_speed": speed_from.to_json()} if speed_from is not None else {})})
 
 
 def _window_limits(base_dir: Path, bm: RunManifest, cm: RunManifest) -> dict[str, int | None] | None:
@@ -220,23 +197,17 @@ def capacity(base: RunManifest, cand: RunManifest) -> dict[str, Any] | None:
     b, c = base.server_info.get("kv_capacity_tokens"), cand.server_info.get("kv_capacity_tokens")
     if b is None and c is None:
         return None
-    return {"baseline": b, "candidate": c, "ratio": mx._r(c / b) if b and c else None}
+    return {"baseline": b, "candidate": c, "ratio": rounded(c / b) if b and c else None}
 
 
-def saved_plan(out_dir: Path, policy: GatePolicy) -> dict[str, Any] | None:
+def saved_plan(out_dir: Path, policy: GatePolicy) -> LookPlan | None:
     """The look plan of the compare that wrote `out_dir/report.json`, so `kvqual report` replays
     the same looks; None (derive it) when there is none or the planned looks differ."""
     try:
         seq = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))["verdict"].get("sequential") or {}
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not seq.get("sizes") or (seq.get("max_looks"), seq.get("first_look")) != (policy.looks, policy.first_look):
-        return None
-    stop = seq.get("stop") or ""
-    return {"pool": seq["pool"], "sizes": seq["sizes"], "overlap": bool(seq.get("overlap")),
-            "planned": seq.get("planned") or seq["sizes"], "next_look": seq.get("next_look"),
-            "stop": stop.split(": ", 1)[1] if ": " in stop and
-            stop.startswith("stopped") else None}
+    return LookPlan.from_report(seq, policy)
 
 
 def _refused_coverage(inputs: Any, why: str) -> Any:
@@ -245,16 +216,6 @@ def _refused_coverage(inputs: Any, why: str) -> Any:
 
     n = inputs.coverage.pairs if inputs.coverage is not None else 0
     return replace(inputs, tokens=None, coverage=TokenCoverage(True, n, 0, Counter({why: n})))
-
-
-def _stop_reason(verdict: str, taken: int, sizes: list[int], plan: dict[str, Any]) -> str:
-    """Why the sequential compare stopped where it did, in words."""
-    planned = len(plan.get("planned") or plan["sizes"])
-    if verdict != "INCONCLUSIVE":
-        return f"decided at look {taken} of {planned} ({sizes[taken - 1]} of {plan['pool']} items)"
-    if plan.get("stop"):
-        return f"stopped at look {taken} of {planned} ({sizes[taken - 1]} items): {plan['stop']}"
-    return f"the pool is spent: all {sizes[taken - 1]} items judged at look {taken} of {planned}"
 
 
 def slower_flag(ratio: Mapping[str, Any], comparable: bool, min_speedup: float | None,
