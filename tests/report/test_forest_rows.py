@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from kvqual.report import decision as D
-from kvqual.report import summary as S
+from kvqual.report import fmt as F
 from kvqual.report.forest import forest_row, forest_rows
 
 
@@ -24,24 +24,24 @@ def _crit(**kw):
     (float("inf"), {}, "∞"), (1e-5, {}, "1.00e−05"),
 ])
 def test_three_significant_figures_with_a_real_minus(value, kw, text):
-    assert S.sig3(value, **kw) == text
+    assert F.sig3(value, **kw) == text
 
 
 def test_criteria_read_in_their_units():
     assert D.reading(_crit()) == "−1.85 points [−8.27, +4.57]"
-    assert S.fmt_bound(_crit()) == "≥ −5 points"
+    assert F.fmt_bound(_crit()) == "≥ −5 points"
     kl = _crit(name="kl_excess", direction="at_most", bound_low=None, bound_high=0.012, estimate=0.005544,
                ci_low=0.004821, ci_high=0.006674)
-    assert (D.reading(kl), S.fmt_bound(kl)) == ("0.00554 nats/token [0.00482, 0.00667]", "≤ 0.012 nats/token")
+    assert (D.reading(kl), F.fmt_bound(kl)) == ("0.00554 nats/token [0.00482, 0.00667]", "≤ 0.012 nats/token")
     top1 = _crit(name="top1_loss", direction="at_most", bound_low=None, bound_high=0.042, estimate=0.0255,
                  ci_low=0.0183, ci_high=0.0344)
-    assert (D.reading(top1), S.fmt_bound(top1)) == ("+2.55 points [+1.83, +3.44]", "≤ 4.2 points")
+    assert (D.reading(top1), F.fmt_bound(top1)) == ("+2.55 points [+1.83, +3.44]", "≤ 4.2 points")
     failed = _crit(name="failed_rate_candidate", direction="at_most", bound_low=None, bound_high=0.01, estimate=0.0,
                    ci_low=0.0, ci_high=0.0313)
-    assert (D.reading(failed), S.fmt_bound(failed)) == ("0% [0%, 3.13%]", "≤ 1%")
+    assert (D.reading(failed), F.fmt_bound(failed)) == ("0% [0%, 3.13%]", "≤ 1%")
     length = _crit(name="length_ratio", direction="within", bound_low=0.9, bound_high=1.1, estimate=1.0026,
                    ci_low=0.9563, ci_high=1.0512)
-    assert (D.reading(length), S.fmt_bound(length)) == ("1.00× [0.956, 1.05]", "within [0.9, 1.1]")
+    assert (D.reading(length), F.fmt_bound(length)) == ("1.00× [0.956, 1.05]", "within [0.9, 1.1]")
     assert D.reading(_crit(ci_low=None)) == "−1.85 points (−∞, +4.57]"
 
 

@@ -240,7 +240,7 @@ def test_hostile_target_name_is_neutralised(report):
 
 
 def test_kv_scale_forms():
-    from kvqual.report.summary import fmt_scale
+    from kvqual.report.fmt import fmt_scale
     assert fmt_scale(1.0) == "1.0"
     assert fmt_scale(0.0213) == "0.0213"
     assert fmt_scale([1.0, 1.0, 1.0]) == "3 values, 1"
@@ -249,7 +249,7 @@ def test_kv_scale_forms():
 
 
 def test_epoch_timestamps_render_as_utc_iso(report):
-    from kvqual.report.summary import fmt_time
+    from kvqual.report.fmt import fmt_time
     assert fmt_time(1_796_079_600.4) == "2026-11-30T23:00:00Z"
     assert fmt_time("2026-11-30T22:40:00Z") == "2026-11-30T22:40:00Z"
     assert fmt_time(None) == "—"
@@ -259,7 +259,7 @@ def test_epoch_timestamps_render_as_utc_iso(report):
 
 
 def test_an_unbounded_side_reads_as_infinity() -> None:
-    from kvqual.report.summary import fmt_interval
+    from kvqual.report.fmt import fmt_interval
 
     assert fmt_interval([0.013, None]) == "[0.013, ∞)"
     assert fmt_interval([None, 2.5]) == "(−∞, 2.5]"

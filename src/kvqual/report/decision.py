@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvqual.report.summary import (CRITERION_LABEL, MISSING, fmt_bound, fmt_quantity, fmt_quantity_interval, get, quantity,
-                                    shown_slower)
+from kvqual.report.fmt import MISSING, fmt_bound, fmt_quantity, fmt_quantity_interval, get, quantity
+from kvqual.report.summary import CRITERION_LABEL, shown_slower
 
 _SHORT_LABEL = {
     "accuracy": "accuracy", "accuracy_pooled": "accuracy over all suites", "kl_excess": "KL beyond the A/A floor",

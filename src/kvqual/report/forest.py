@@ -11,6 +11,7 @@ from typing import Any
 from matplotlib.ticker import MaxNLocator
 
 from kvqual.report import decision as D
+from kvqual.report import fmt as F
 from kvqual.report import summary as S
 
 
@@ -90,17 +91,17 @@ def forest_row(c: Mapping[str, Any]) -> ForestRow:
     """The forest row of one report.json criterion, on a scale that holds its interval, its
     bound and the no-change value, so neither the interval nor the margin is zoomed away."""
     name = str(c.get("name") or "?")
-    q = S.quantity(name)
+    q = F.quantity(name)
     status = str(c.get("status") or "not_evaluated")
     common = dict(label=FOREST_LABEL.get(name, S.CRITERION_LABEL.get(name, name)), suite=str(c.get("suite") or "overall"),
                   group=_group(c),
-                  status=status, reading=D.reading(c), bound=S.fmt_bound(c),
-                  n=f"{S.fmt_num(c.get('n'))} {c.get('unit') or 'items'}")
-    est, lo, hi = (S.num(c.get(k)) for k in ("estimate", "ci_low", "ci_high"))
+                  status=status, reading=D.reading(c), bound=F.fmt_bound(c),
+                  n=f"{F.fmt_num(c.get('n'))} {c.get('unit') or 'items'}")
+    est, lo, hi = (F.num(c.get(k)) for k in ("estimate", "ci_low", "ci_high"))
     if est is None and lo is None and hi is None:
         return ForestRow(**common, note=str(c.get("detail") or "no estimate"))
-    est, lo, hi = (None if v is None else S.in_units(v, q) for v in (est, lo, hi))
-    bounds = [S.in_units(v, q) for v in (S.num(c.get("bound_low")), S.num(c.get("bound_high"))) if v is not None]
+    est, lo, hi = (None if v is None else F.in_units(v, q) for v in (est, lo, hi))
+    bounds = [F.in_units(v, q) for v in (F.num(c.get("bound_low")), F.num(c.get("bound_high"))) if v is not None]
     ref = 1.0 if q == "ratio" else 0.0
     left, right = _scale([v for v in (est, lo, hi, ref, *bounds) if v is not None], q)
 
@@ -110,29 +111,29 @@ def forest_row(c: Mapping[str, Any]) -> ForestRow:
     a = at(lo if lo is not None else left)
     b = at(hi if hi is not None else right)
     zone = None
-    direction, bl, bh = c.get("direction"), S.num(c.get("bound_low")), S.num(c.get("bound_high"))
+    direction, bl, bh = c.get("direction"), F.num(c.get("bound_low")), F.num(c.get("bound_high"))
     if direction == "at_least" and bl is not None:
-        zone = (at(S.in_units(bl, q)), 100.0 - at(S.in_units(bl, q)))
+        zone = (at(F.in_units(bl, q)), 100.0 - at(F.in_units(bl, q)))
     elif direction == "at_most" and bh is not None:
-        zone = (0.0, at(S.in_units(bh, q)))
+        zone = (0.0, at(F.in_units(bh, q)))
     elif direction == "within" and bl is not None and bh is not None:
-        zone = (at(S.in_units(bl, q)), at(S.in_units(bh, q)) - at(S.in_units(bl, q)))
+        zone = (at(F.in_units(bl, q)), at(F.in_units(bh, q)) - at(F.in_units(bl, q)))
     signed = q == "points"
     ticks = [t for t in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(left, right)
              if left <= t <= right and all(abs(at(float(t)) - at(v)) > 9 for v in bounds)]  # the bound has its label
-    unit = S.UNIT_TEXT[q] if q in ("percent", "ratio") else ""
+    unit = F.UNIT_TEXT[q] if q in ("percent", "ratio") else ""
     return ForestRow(
         **common, ci=(a, max(b - a, 0.6)), open_low=lo is None, open_high=hi is None,
         estimate=None if est is None else at(est),
-        bounds=tuple(Mark(at(v), S.sig3(v, trim=True) + unit) for v in bounds), zone=zone,
-        reference=Mark(at(ref), S.sig3(ref, trim=True) + unit),
-        ticks=tuple(Mark(at(float(t)), S.sig3(float(t), signed=signed, trim=True) + unit) for t in ticks),
+        bounds=tuple(Mark(at(v), F.sig3(v, trim=True) + unit) for v in bounds), zone=zone,
+        reference=Mark(at(ref), F.sig3(ref, trim=True) + unit),
+        ticks=tuple(Mark(at(float(t)), F.sig3(float(t), signed=signed, trim=True) + unit) for t in ticks),
     )
 
 
 def forest_rows(report: Mapping[str, Any]) -> list[tuple[str, list[ForestRow]]]:
     """Every criterion of the verdict as forest rows, grouped (primary, guard, health, speed)
     in the gate's order within each group; empty groups left out."""
-    rows = [forest_row(c) for c in S.get(report, "verdict", "criteria") or [] if isinstance(c, Mapping)]
+    rows = [forest_row(c) for c in F.get(report, "verdict", "criteria") or [] if isinstance(c, Mapping)]
     return [(title, [r for r in rows if r.group == key]) for key, title in FOREST_GROUPS
             if any(r.group == key for r in rows)]

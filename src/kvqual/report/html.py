@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 
 from kvqual.report import decision as D
+from kvqual.report import fmt as F
 from kvqual.report import summary as S
 from kvqual.report.markdown import render_markdown
 from kvqual.report.forest import forest_rows
@@ -75,9 +76,9 @@ def example_views(report: Mapping[str, Any], limit: int = MAX_EXAMPLES) -> list[
     for ex in sorted(report.get("examples") or [], key=key)[:limit]:
         at = ex.get("divergence_char")
         views.append(ExampleView(
-            suite=str(ex.get("suite") or S.MISSING), id=str(ex.get("id") or S.MISSING),
-            repeat=S.fmt_num(ex.get("repeat")), first_divergence=S.fmt_num(ex.get("first_divergence")),
-            score_base=S.fmt_num(ex.get("score_base")), score_cand=S.fmt_num(ex.get("score_cand")),
+            suite=str(ex.get("suite") or F.MISSING), id=str(ex.get("id") or F.MISSING),
+            repeat=F.fmt_num(ex.get("repeat")), first_divergence=F.fmt_num(ex.get("first_divergence")),
+            score_base=F.fmt_num(ex.get("score_base")), score_cand=F.fmt_num(ex.get("score_cand")),
             base=split_at(str(ex.get("base_text") or ""), at),
             cand=split_at(str(ex.get("cand_text") or ""), at),
         ))
@@ -108,24 +109,24 @@ def position_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
     """The teacher-forced token metrics per position bucket (report.json plots.by_position): A/B
     beside the A/A floor, every bucket listed, so a run whose outputs never reach 256 or 1,024
     tokens says so (0 tokens) rather than leaving the long buckets out."""
-    block = S.get(report, "plots", "by_position") or {}
+    block = F.get(report, "plots", "by_position") or {}
     ab = [b for b in block.get("ab") or [] if isinstance(b, Mapping)]
     aa = {(b.get("start"), b.get("end")): b for b in block.get("aa") or [] if isinstance(b, Mapping)}
     rows = []
     for b in ab:
         start, end = b.get("start"), b.get("end")
         f = aa.get((start, end)) or {}
-        label = f"{S.fmt_num(start)}–{S.fmt_num(end - 1)}" if isinstance(end, int) else f"{S.fmt_num(start)}+"
-        rows.append({"bucket": label, "tokens": S.fmt_num(b.get("n_tokens")),
-                     "kl_ab": S.fmt_quantity(b.get("mean_kl"), "nats"), "kl_aa": S.fmt_quantity(f.get("mean_kl"), "nats"),
-                     "top1_ab": S.fmt_pct(b.get("same_top1_rate")), "top1_aa": S.fmt_pct(f.get("same_top1_rate")),
-                     "aa_tokens": S.fmt_num(f.get("n_tokens"))})
+        label = f"{F.fmt_num(start)}–{F.fmt_num(end - 1)}" if isinstance(end, int) else f"{F.fmt_num(start)}+"
+        rows.append({"bucket": label, "tokens": F.fmt_num(b.get("n_tokens")),
+                     "kl_ab": F.fmt_quantity(b.get("mean_kl"), "nats"), "kl_aa": F.fmt_quantity(f.get("mean_kl"), "nats"),
+                     "top1_ab": F.fmt_pct(b.get("same_top1_rate")), "top1_aa": F.fmt_pct(f.get("same_top1_rate")),
+                     "aa_tokens": F.fmt_num(f.get("n_tokens"))})
     return rows
 
 
 def ci_text(report: Mapping[str, Any]) -> str:
     """'96% interval' for the forest legend: the level the criteria's intervals share."""
-    levels = sorted({round(float(c["ci_level"]), 4) for c in S.get(report, "verdict", "criteria") or []
+    levels = sorted({round(float(c["ci_level"]), 4) for c in F.get(report, "verdict", "criteria") or []
                      if isinstance(c, Mapping) and isinstance(c.get("ci_level"), (int, float))})
     return "interval" if not levels else " / ".join(f"{v:.0%}" for v in levels) + " interval"
 
@@ -135,15 +136,15 @@ def speed_fact(report: Mapping[str, Any]) -> tuple[str, bool] | None:
     slower (report.json's speed.slower; in older reports, the ratio's whole interval below 1) is
     flagged beside the verdict though speed counts in it only with min_speedup; otherwise a note."""
     speed = report.get("speed") or {}
-    ratio = S.get(speed, "ratio", "estimate")
+    ratio = F.get(speed, "ratio", "estimate")
     if not isinstance(ratio, (int, float)):
         return None
-    high = S.get(speed, "ratio", "ci_high")
+    high = F.get(speed, "ratio", "ci_high")
     slower = S.shown_slower(report)
-    ci = S.fmt_quantity_interval(S.get(speed, "ratio", "ci_low"), high, "ratio")
+    ci = F.fmt_quantity_interval(F.get(speed, "ratio", "ci_low"), high, "ratio")
     caveat = "" if speed.get("comparable") is not False else " (indicative only)"
     word = "slower" if slower else ("faster" if ratio >= 1 else "not shown slower")
-    text = f"candidate {word}: {S.fmt_quantity(ratio, 'ratio')}{'' if ci == S.MISSING else ' ' + ci} the baseline's "
+    text = f"candidate {word}: {F.fmt_quantity(ratio, 'ratio')}{'' if ci == F.MISSING else ' ' + ci} the baseline's "
     return text + f"tokens/s per request{caveat}", slower
 
 
@@ -152,8 +153,8 @@ def render_html(report: Mapping[str, Any]) -> str:
     verdict, _ = S.verdict_line(report)
     tf = report.get("teacher_forcing") or {}
     speed, slower = speed_fact(report) or (None, False)
-    stop = S.get(report, "verdict", "sequential", "stop")
-    reason = S.get(report, "verdict", "reason")
+    stop = F.get(report, "verdict", "sequential", "stop")
+    reason = F.get(report, "verdict", "reason")
     return _ENV.get_template("report.html.j2").render(
         title=S.title(report), verdict=verdict, decision=D.decision(report),
         exit_code=S.exit_code(report), facts=[str(stop)] if stop else [],
@@ -166,13 +167,13 @@ def render_html(report: Mapping[str, Any]) -> str:
         trajectory=S.trajectory_rows(report),
         trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),
         metrics=S.metric_rows(report), speed=S.speed_rows(report),
-        speed_note=S.get(report, "speed", "note"),
+        speed_note=F.get(report, "speed", "note"),
         plots=all_plots(report), plot_list=PLOTS, positions=position_rows(report), examples=example_views(report),
         n_examples=len(report.get("examples") or []),
         warnings=[str(w) for w in report.get("warnings") or []],
         teacher_forcing={"enabled": tf.get("enabled"), "note": tf.get("note")}, allow_mismatch=bool(report.get("allow_mismatch")),
         command=str(report.get("command") or "(command not recorded)"),
-        kvqual_version=str(report.get("kvqual_version") or S.MISSING),
-        created_at=str(report.get("created_at") or S.MISSING),
+        kvqual_version=str(report.get("kvqual_version") or F.MISSING),
+        created_at=str(report.get("created_at") or F.MISSING),
         markdown=render_markdown(report),
     )

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
 
+from kvqual.report import fmt as F
 from kvqual.report import summary as S
 
 
@@ -43,7 +44,7 @@ def build_junit(report: Mapping[str, Any]) -> ET.Element:
             failure = ET.SubElement(case, "failure", {"message": message, "type": "kvqual.fail"})
             failure.text = f"{row.label} ({row.suite}): {message}; n={row.n}"
         elif row.status == "inconclusive":
-            more = f"; about {row.n_more} more {row.unit} would decide" if row.n_more != S.MISSING else ""
+            more = f"; about {row.n_more} more {row.unit} would decide" if row.n_more != F.MISSING else ""
             ET.SubElement(case, "skipped", {"message": f"inconclusive: {message}{more}"})
         elif row.status != "pass":
             ET.SubElement(case, "skipped", {"message": f"not evaluated: {row.detail or 'no data'}"})

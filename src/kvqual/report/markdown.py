@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvqual.report import decision as D
+from kvqual.report import fmt as F
 from kvqual.report import summary as S
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -66,7 +67,7 @@ def details(summary: str, body: list[str]) -> list[str]:
 
 def _status(row: S.CriterionRow) -> str:
     word = _STATUS_WORD.get(row.status, row.status)
-    if row.status == "inconclusive" and row.n_more != S.MISSING:
+    if row.status == "inconclusive" and row.n_more != F.MISSING:
         word += f" (≈{row.n_more} more {row.unit} would decide)"
     return word
 
@@ -78,19 +79,19 @@ def _what(row: S.CriterionRow) -> str:
 def _speed_bullet(report: Mapping[str, Any]) -> str | None:
     """The speed ratio in one line; the compare's own flag (`speed.slower`, set when the whole
     interval is below 1) in bold when the candidate is shown slower."""
-    slower = S.get(report, "speed", "slower")
+    slower = F.get(report, "speed", "slower")
     if slower:
         return f"**Note:** {inline(slower[:1].upper() + slower[1:])}"
-    ratio = S.get(report, "speed", "ratio") or {}
+    ratio = F.get(report, "speed", "ratio") or {}
     est = ratio.get("estimate")
     if not isinstance(est, (int, float)) or isinstance(est, bool):
         return None
-    return f"Speed: the candidate's throughput is {S.fmt_num(float(est))}× the baseline's (CI {_ratio_ci(ratio)})"
+    return f"Speed: the candidate's throughput is {F.fmt_num(float(est))}× the baseline's (CI {_ratio_ci(ratio)})"
 
 
 def _ratio_ci(ratio: Mapping[str, Any]) -> str:
     lo, hi = ratio.get("ci_low"), ratio.get("ci_high")
-    return S.MISSING if lo is None or hi is None else f"[{S.fmt_num(lo)}, {S.fmt_num(hi)}]"
+    return F.MISSING if lo is None or hi is None else f"[{F.fmt_num(lo)}, {F.fmt_num(hi)}]"
 
 
 def _head(report: Mapping[str, Any]) -> list[str]:
@@ -169,18 +170,18 @@ def _compared_section(report: Mapping[str, Any]) -> list[str]:
     rows = []
     for name, attr in (("Baseline", "baseline"), ("Candidate", "candidate"), ("A/A replicate", "aa")):
         values = [getattr(arms[label], attr) for label in _COMPACT_ARM if label in arms]
-        if attr == "aa" and all(v == S.NOT_MEASURED for v in values):
+        if attr == "aa" and all(v == F.NOT_MEASURED for v in values):
             continue
-        req = f"{getattr(ok, attr)} / {getattr(failed, attr)}" if ok and failed else S.MISSING
-        rows.append([name, *values, req, S.fmt_num(S.get(speed, attr, "output_tok_s")),
-                     S.fmt_num(S.get(speed, attr, "latency_p50"))])
+        req = f"{getattr(ok, attr)} / {getattr(failed, attr)}" if ok and failed else F.MISSING
+        rows.append([name, *values, req, F.fmt_num(F.get(speed, attr, "output_tok_s")),
+                     F.fmt_num(F.get(speed, attr, "latency_p50"))])
     out = ["### What was compared, and speed", ""]
     out += table(["", "Target", "Model", "KV dtype (configured)", "KV dtype (server)", "KV scale",
                   "Requests ok / failed", "Output tok/s", "Latency p50 (s)"], rows)
     suites = S.suite_rows(report)
     tf = report.get("teacher_forcing") or {}
     enabled = tf.get("enabled")
-    tf_text = "on" if enabled else ("off" if enabled is False else S.NOT_MEASURED)
+    tf_text = "on" if enabled else ("off" if enabled is False else F.NOT_MEASURED)
     if tf.get("note"):
         tf_text += f" ({tf['note']})"
     if suites:
@@ -195,8 +196,8 @@ def _compared_section(report: Mapping[str, Any]) -> list[str]:
         out.append("- Speed: not measured.")
     else:
         ratio = speed.get("ratio") or {}
-        line = (f"- Throughput ratio (cand / base): **{S.fmt_num(ratio.get('estimate'))}×**, CI {_ratio_ci(ratio)}, "
-                f"at concurrency {S.fmt_num(S.get(speed, 'candidate', 'concurrency'))}")
+        line = (f"- Throughput ratio (cand / base): **{F.fmt_num(ratio.get('estimate'))}×**, CI {_ratio_ci(ratio)}, "
+                f"at concurrency {F.fmt_num(F.get(speed, 'candidate', 'concurrency'))}")
         out.append(line + (f"; {inline(speed['note'])}." if speed.get("note") else "."))
     return out
 
@@ -231,8 +232,8 @@ def _render(report: Mapping[str, Any], cap: int | None) -> str:
     for section in (_head(report), _criteria_section(report, cap), _compared_section(report),
                     _folded_tail(report, cap)):
         lines += section + [""]
-    version = report.get("kvqual_version") or S.MISSING
-    created = report.get("created_at") or S.MISSING
+    version = report.get("kvqual_version") or F.MISSING
+    created = report.get("created_at") or F.MISSING
     lines.append(f"<sub>kvqual {inline(version)} · report schema {inline(report.get('schema_version'))}"
                  f" · created {inline(created)} · full plots and examples in report.html</sub>")
     return "\n".join(lines) + "\n"

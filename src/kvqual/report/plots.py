@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator, PercentFormatter
 
 from kvqual.report import decision as D
-from kvqual.report import summary as S
+from kvqual.report import fmt as F
 
 BASE, CAND, FLOOR, BOUND = "#1f77b4", "#ff7f0e", "#555555", "#c0392b"
 PASS_ZONE = "#e3f1e6"
@@ -51,7 +51,7 @@ def _ints(values: Any) -> list[int]:
 
 
 def _criterion(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    for c in S.get(report, "verdict", "criteria") or []:
+    for c in F.get(report, "verdict", "criteria") or []:
         if isinstance(c, Mapping) and c.get("name") == name:
             return c
     return {}
@@ -86,21 +86,21 @@ def lengths_figure(lengths: Mapping[str, Any] | None, bound: tuple[float, float]
     if bound is not None:
         left.fill_between(xs, bound[0] * xs, bound[1] * xs, color=PASS_ZONE, zorder=0, linewidth=0)
         for k, r in enumerate(bound):
-            left.plot(xs, r * xs, label=f"bound: mean ratio within [{S.sig3(bound[0], trim=True)}, "
-                      f"{S.sig3(bound[1], trim=True)}]" if k == 0 else None, zorder=1, **BOUND_STYLE)
+            left.plot(xs, r * xs, label=f"bound: mean ratio within [{F.sig3(bound[0], trim=True)}, "
+                      f"{F.sig3(bound[1], trim=True)}]" if k == 0 else None, zorder=1, **BOUND_STYLE)
     left.plot(xs, xs, color="#999999", linewidth=0.8, zorder=1)
     pairs, counts = np.unique(np.stack([b, c], axis=1), axis=0, return_counts=True)
     left.scatter(pairs[:, 0], pairs[:, 1], s=10 + 14 * np.sqrt(counts), color=CAND, edgecolors="white",
                  linewidths=0.4, zorder=2, label=f"items (n={n}; a bigger dot: several items)")
     ratio = float(c.mean() / b.mean()) if b.mean() > 0 else math.nan
-    ci = S.fmt_quantity_interval(*((ab or {}).get("len_ratio_ci") or [None, None])[:2], "ratio")
+    ci = F.fmt_quantity_interval(*((ab or {}).get("len_ratio_ci") or [None, None])[:2], "ratio")
     left.scatter([b.mean()], [c.mean()], marker="D", s=70, color="black", zorder=4,
-                 label=f"mean {S.sig3(b.mean())} → {S.sig3(c.mean())} tokens: {S.sig3(ratio)}×"
-                       + ("" if ci == S.MISSING else f" {ci}"))
-    aa_b, aa_c = S.num((aa or {}).get("len_base_mean")), S.num((aa or {}).get("len_cand_mean"))
+                 label=f"mean {F.sig3(b.mean())} → {F.sig3(c.mean())} tokens: {F.sig3(ratio)}×"
+                       + ("" if ci == F.MISSING else f" {ci}"))
+    aa_b, aa_c = F.num((aa or {}).get("len_base_mean")), F.num((aa or {}).get("len_cand_mean"))
     if aa_b is not None and aa_c is not None:
         left.scatter([aa_b], [aa_c], marker="s", s=60, facecolors="none", edgecolors=FLOOR, linewidths=1.6,
-                     zorder=3, label=f"A/A mean (base vs base again): {S.sig3(aa_b)} → {S.sig3(aa_c)}")
+                     zorder=3, label=f"A/A mean (base vs base again): {F.sig3(aa_b)} → {F.sig3(aa_c)}")
     if log:
         ticks = [m * 10 ** e for e in range(0, 7) for m in (1, 2, 5) if floor <= m * 10 ** e <= top]
         left.set_xscale("log")
@@ -132,8 +132,8 @@ def length_drift_figure(lengths: Mapping[str, Any] | None) -> Figure | None:
     ax.hist(d, bins=edges, color=CAND, edgecolor="white", linewidth=0.3)
     ax.axvline(0, color="#999999", linewidth=0.8)
     same, longer, shorter = (float(np.mean(x)) for x in (d == 0, d > 0, d < 0))
-    ax.set_title(f"Candidate − baseline length, per item: {S.fmt_pct(same)} same,\n"
-                 f"{S.fmt_pct(longer)} longer, {S.fmt_pct(shorter)} shorter (n={d.size})", fontsize=9)
+    ax.set_title(f"Candidate − baseline length, per item: {F.fmt_pct(same)} same,\n"
+                 f"{F.fmt_pct(longer)} longer, {F.fmt_pct(shorter)} shorter (n={d.size})", fontsize=9)
     ax.set_xlabel("length difference (tokens)")
     ax.set_ylabel("items")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -165,7 +165,7 @@ def length_distribution_figure(lengths: Mapping[str, Any] | None) -> Figure | No
         share = np.arange(1, values.size + 1) / values.size
         q = np.percentile(values, (50, 90, 99))
         ax.step(np.concatenate([[values[0]], values]), np.concatenate([[0.0], share]), where="post",
-                label=f"{label}, n={values.size}: p50 {S.sig3(q[0])}, p90 {S.sig3(q[1])}, p99 {S.sig3(q[2])}",
+                label=f"{label}, n={values.size}: p50 {F.sig3(q[0])}, p90 {F.sig3(q[1])}, p99 {F.sig3(q[2])}",
                 **style)
     if log:
         ax.set_xscale("log")
@@ -246,8 +246,8 @@ def by_position_figure(block: Mapping[str, Any] | None, kl_bound: float | None =
     labels = [f"{lab}\n{ab[k]['n_tokens']:,} tok" for lab, k in zip(labels, keys)]
     fig = Figure(figsize=(6.4, 4.6))
     axes = fig.subplots(2, 1, sharex=True)
-    floor_kl = S.num((floor or {}).get("mean_kl")) or 0.0
-    floor_top1 = S.num((floor or {}).get("same_top1_rate"))
+    floor_kl = F.num((floor or {}).get("mean_kl")) or 0.0
+    floor_top1 = F.num((floor or {}).get("same_top1_rate"))
     floor_top1 = 1.0 if floor_top1 is None else floor_top1
     panels = ((axes[0], "mean_kl", "KL(base‖cand)\nnats/token", floor_kl + kl_bound if kl_bound is not None else None),
               (axes[1], "same_top1_rate", "same top-1", floor_top1 - top1_bound if top1_bound is not None else None))
@@ -317,7 +317,7 @@ def flips_figure(flips: Mapping[str, Any] | None, aa_flips: Mapping[str, tuple[A
 def speed_figure(speed: Mapping[str, Any] | None) -> Figure | None:
     """Output tokens/s of each arm with the ratio and its CI, and latency p50/p95 side by side."""
     b, c = (speed or {}).get("baseline") or {}, (speed or {}).get("candidate") or {}
-    tb, tc = S.num(b.get("output_tok_s")), S.num(c.get("output_tok_s"))
+    tb, tc = F.num(b.get("output_tok_s")), F.num(c.get("output_tok_s"))
     if tb is None or tc is None:
         return None
     ratio = (speed or {}).get("ratio") or {}
@@ -325,15 +325,15 @@ def speed_figure(speed: Mapping[str, Any] | None) -> Figure | None:
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     left.barh([1, 0], [tb, tc], color=[BASE, CAND], height=0.6)
     for y, v in ((1, tb), (0, tc)):
-        left.text(v, y, f" {S.sig3(v)}", va="center", fontsize=9)
+        left.text(v, y, f" {F.sig3(v)}", va="center", fontsize=9)
     left.set_yticks([1, 0], ["baseline", "candidate"])
     left.set_xlim(0, max(tb, tc) * 1.25)
     left.set_xlabel("output tokens/s")
-    est = S.num(ratio.get("estimate"))
-    title = f"cand / base: {S.fmt_quantity(est, 'ratio')}" if est is not None else "cand / base: not measured"
-    ci = S.fmt_quantity_interval(ratio.get("ci_low"), ratio.get("ci_high"), "ratio")
-    left.set_title(title + ("" if ci == S.MISSING else f" {ci}\nper-request tokens/s"), fontsize=9)
-    lat = [(k, S.num(b.get(k)), S.num(c.get(k))) for k in ("latency_p50", "latency_p95")]
+    est = F.num(ratio.get("estimate"))
+    title = f"cand / base: {F.fmt_quantity(est, 'ratio')}" if est is not None else "cand / base: not measured"
+    ci = F.fmt_quantity_interval(ratio.get("ci_low"), ratio.get("ci_high"), "ratio")
+    left.set_title(title + ("" if ci == F.MISSING else f" {ci}\nper-request tokens/s"), fontsize=9)
+    lat = [(k, F.num(b.get(k)), F.num(c.get(k))) for k in ("latency_p50", "latency_p95")]
     lat = [(k, vb, vc) for k, vb, vc in lat if vb is not None and vc is not None]
     if lat:
         x = np.arange(len(lat))
@@ -358,18 +358,18 @@ def all_plots(report: Mapping[str, Any]) -> dict[str, str | None]:
         if task_aa:
             aa_flips[name] = (task_aa.get("flips_right_to_wrong"), task_aa.get("flips_wrong_to_right"))
     length = _criterion(report, "length_ratio")
-    lo, hi = S.num(length.get("bound_low")), S.num(length.get("bound_high"))
-    overall = S.get(report, "suites", "overall") or {}
+    lo, hi = F.num(length.get("bound_low")), F.num(length.get("bound_high"))
+    overall = F.get(report, "suites", "overall") or {}
     return {
         "lengths": to_data_uri(lengths_figure(plots.get("lengths"), (lo, hi) if lo is not None and hi is not None
-                                              else None, S.get(overall, "generation", "ab"),
-                                              S.get(overall, "generation", "aa"))),
+                                              else None, F.get(overall, "generation", "ab"),
+                                              F.get(overall, "generation", "aa"))),
         "length_drift": to_data_uri(length_drift_figure(plots.get("lengths"))),
         "length_distribution": to_data_uri(length_distribution_figure(plots.get("lengths"))),
         "first_divergence": to_data_uri(first_divergence_figure(plots.get("first_divergence"))),
         "by_position": to_data_uri(by_position_figure(
-            plots.get("by_position"), S.num(_criterion(report, "kl_excess").get("bound_high")),
-            S.num(_criterion(report, "top1_loss").get("bound_high")), S.get(overall, "teacher", "aa"))),
+            plots.get("by_position"), F.num(_criterion(report, "kl_excess").get("bound_high")),
+            F.num(_criterion(report, "top1_loss").get("bound_high")), F.get(overall, "teacher", "aa"))),
         "flips": to_data_uri(flips_figure(plots.get("flips"), aa_flips)),
         "speed": to_data_uri(speed_figure(report.get("speed"))),
     }
@@ -390,24 +390,24 @@ def trajectory_figure(verdict: Mapping[str, Any] | None) -> Figure | None:
     for i, c in enumerate(crits):
         ax = fig.add_subplot(rows, cols, i + 1)
         label = c.get("label") or c["name"]
-        q = S.quantity(str(c["name"]))
+        q = F.quantity(str(c["name"]))
         for lk in looks:
             p = (lk.get("criteria") or {}).get(label) or {}
-            est = S.num(p.get("estimate"))
+            est = F.num(p.get("estimate"))
             if est is None:
                 continue
-            lo, hi = S.num(p.get("ci_low")), S.num(p.get("ci_high"))
-            y = S.in_units(est, q)
-            yl = S.in_units(lo if lo is not None else est, q)
-            yh = S.in_units(hi if hi is not None else est, q)
+            lo, hi = F.num(p.get("ci_low")), F.num(p.get("ci_high"))
+            y = F.in_units(est, q)
+            yl = F.in_units(lo if lo is not None else est, q)
+            yh = F.in_units(hi if hi is not None else est, q)
             color = STATUS_COLOR.get(str(p.get("status")), FLOOR)
             ax.errorbar([lk["items"]], [y], yerr=[[max(0.0, y - yl)], [max(0.0, yh - y)]], fmt="o", color=color,
                         capsize=3, markersize=4)
         for bound in (c.get("bound_low"), c.get("bound_high")):
             if bound is not None:
-                ax.axhline(S.in_units(float(bound), q), **BOUND_STYLE)
+                ax.axhline(F.in_units(float(bound), q), **BOUND_STYLE)
         name = D.short_label(c).removeprefix("the ")
-        ax.set_title(f"{name} ({S.UNIT_TEXT[q].strip()})", fontsize=8)
+        ax.set_title(f"{name} ({F.UNIT_TEXT[q].strip()})", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.set_xticks([lk["items"] for lk in looks])
         ax.margins(x=0.15)
