@@ -3,7 +3,7 @@
 Issue 15's bar: 20,000 items x 256 tokens x top-5 (baseline, candidate, a 25% A/A replicate and
 the three teacher-forced files) judged in <= 20 s and <= 2 GB peak RSS on one core, growing
 linearly or better from 2k to 20k. The data is written only through the library's writers
-(runner.new_manifest, store.RunStore, compare.teacher.save_forced), so it follows whatever
+(runner.new_manifest, store.RunStore, forced.save_forced), so it follows whatever
 format they write; a cached data folder (--keep) is keyed by the source of kvqual's writing side.
 
     .venv/bin/python benchmarks/bench_judge.py --sizes 2000 5000 [--keep /tmp/kvqual-judge]
@@ -67,17 +67,17 @@ class Spec:
 
     def key(self) -> str:
         """Cache key: the spec, this file and the source of kvqual but the parts that never write a
-        run (the judge: compare/ but teacher.py, gate/, report/; the transport, the CLI, the
-        reference server and the load driver): any change to how runs are written regenerates
-        the data, a change to the judge or the client does not."""
+        run (the judge: judge/, gate/, report/; the compare's orchestration, compare/; the
+        transport, the CLI, the reference server and the load driver): any change to how runs or
+        teacher-forced files are written regenerates the data, a change to the judge or the client
+        does not."""
         h = hashlib.sha256(repr(self).encode() + Path(__file__).read_bytes())
         package = Path(kvqual.__file__).parent
         for path in sorted(package.rglob("*.py")):
             part = path.relative_to(package).parts
-            if part[0] in ("gate", "report", "serve", "load") or part[0] in NOT_WRITERS:
+            if part[0] in ("gate", "report", "serve", "load", "judge", "compare") or part[0] in NOT_WRITERS:
                 continue
-            if part[0] != "compare" or path.name == "teacher.py":
-                h.update(str(part).encode() + path.read_bytes())
+            h.update(str(part).encode() + path.read_bytes())
         return f"n{self.items}-t{self.tokens}-k{self.topk}-{self.token_format}-{h.hexdigest()[:12]}"
 
 

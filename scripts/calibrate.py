@@ -225,7 +225,7 @@ class Sim:
         b, c, a = self.base_rep[:u], self.cand_rep[:u], self.aa_rep[:u]
         both = ~np.isnan(b) & ~np.isnan(c)
         fl = aa & ~np.isnan(b) & ~np.isnan(a)
-        if both.sum() >= 2:  # compare/metrics.py: the pairs where both outputs have two words or more
+        if both.sum() >= 2:  # judge/metrics.py: the pairs where both outputs have two words or more
             floor = fl.sum() >= 2
             rates += (RatePairs("repeated_bigrams", b[both], c[both], cl[both], b[fl] if floor else None,
                                 a[fl] if floor else None, cl[fl] if floor else None),)

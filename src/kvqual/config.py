@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CONFIG_NAME = "kvqual.toml"
 # kv_cache_dtype takes any engine's name (SGLang fp8_e4m3, vLLM fp8, llama.cpp f16 / q8_0 / q4_0, …):
-# a word of letters, digits, "_", "." or "-"; compare/session.py knows which names are aliases.
+# a word of letters, digits, "_", "." or "-"; compare/verify.py knows which names are aliases.
 KV_CACHE_DTYPE_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,32}")
 BUILTIN_SOURCE = "<built-in targets: kvqual serve>"
 OPENAI_HOST = "api.openai.com"  # the one host OPENAI_API_KEY goes to without `api_key_env`

@@ -87,7 +87,7 @@ def _lengths(seqs: Iterable) -> np.ndarray:
 
 def all_per_segment(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """For each segment of `flags` (the next `lengths[i]` of them), whether every flag is set (an
-    empty segment: True). Also the judge's per-pair test (compare/positions.py)."""
+    empty segment: True). Also the judge's per-pair test (judge/positions.py)."""
     misses = np.zeros(len(flags) + 1, dtype=np.int64)
     np.cumsum(~flags, out=misses[1:])
     ends = np.cumsum(lengths)

@@ -1,5 +1,5 @@
-"""The vectorized position metrics (compare/positions.py) against the per-position reference
-(compare/tokens.py), on random top-k maps with token strings and with token ids."""
+"""The vectorized position metrics (judge/positions.py) against the per-position reference
+(judge/tokens.py), on random top-k maps with token strings and with token ids."""
 
 from __future__ import annotations
 

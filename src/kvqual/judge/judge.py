@@ -61,7 +61,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     same evidence at every look, and report.json gets its `steady_speed`.
 
     The gate replays the looks of a sequential compare: at look k it judges the first sizes[k]
-    items of the seeded item order (runner.item_order), as the compare did after each round.
+    items of the seeded item order (plan.item_order), as the compare did after each round.
     `plan` comes from the compare; without it the looks are the geometric schedule (`look_sizes`)
     over the items the candidate answered."""
     from kvqual.gate import decide_sequence

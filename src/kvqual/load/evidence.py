@@ -81,7 +81,7 @@ class LoadEvidence:
         }
 
     def ratio_for_flag(self) -> dict[str, Any]:
-        """load.json's ratio (at its level, 95 %) in the keys `compare.session.slower_flag` reads."""
+        """load.json's ratio (at its level, 95 %) in the keys `judge.judge.slower_flag` reads."""
         r = self.doc["ratio"]
         return {"estimate": r.get("estimate"), "ci_low": r.get("low"), "ci_high": r.get("high")}
 

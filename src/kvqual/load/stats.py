@@ -10,7 +10,7 @@
 - `fieller_ratio_ci`: candidate / baseline of two independent means (the arms run one after the
   other) with Fieller's interval, Welch–Satterthwaite degrees of freedom; `fieller_t` the test of
   one ratio that the interval inverts (the compare's `speedup` criterion from a load.json). Both,
-  and `Estimate`, live in compare/stats.py with the gate's other statistics; imported here.
+  and `Estimate`, live in kvqual/stats.py with the gate's other statistics; imported here.
 - `time_weighted_mean`: a gauge scraped now and then, held until the next scrape, averaged over
   a window.
 """
