@@ -118,3 +118,30 @@ def test_undecided_without_data_says_what_to_fix_not_how_many_items(report):
     assert d.why.startswith("KL beyond the A/A floor has no estimate: token metrics usable on 0 of 31 pairs; "
                             "also undecided: accuracy on arith")
     assert d.next_step.startswith("Fix what left KL beyond the A/A floor undecided (more items will not)")
+
+
+def _sequential(report, *, judged: int, available: int, minutes: float, n_more: int):
+    """An INCONCLUSIVE report whose accuracy needs `n_more` items, `judged` of `available` judged in
+    `minutes` of wall time."""
+    r = _verdict(report, "INCONCLUSIVE", kl_excess={"status": "pass"}, accuracy={"n_more": n_more})
+    r["verdict"]["sequential"] = {"sizes": [judged], "looks": [{"look": 1}]}
+    r["runs"]["baseline"].update(suites=[{"name": "arith", "n_items": available}], started_at=1000.0,
+                                 finished_at=1000.0 + minutes * 60)
+    r["runs"]["candidate"].update(started_at=1001.0, finished_at=1000.0 + minutes * 60)
+    return r
+
+
+def test_more_items_are_priced_at_the_compares_own_rate(report):
+    d = D.decision(_sequential(report, judged=124, available=2108, minutes=2.0, n_more=342))
+    # 2 minutes for 124 items: 342 more are ~5.5 minutes
+    assert d.next_step == ("Run about 342 more items (about 6 min at this compare's rate) to decide accuracy on "
+                           "arith (raise --max-items: 124 of 2,108 were judged); nothing was shown outside its bound.")
+
+
+def test_more_items_than_the_suites_hold_is_a_margin_not_a_plan(report):
+    """README command 1 once advised 'Run about 44,811 more items' with 1,984 left: no plan at all."""
+    d = D.decision(_sequential(report, judged=124, available=2108, minutes=2.0, n_more=44_811))
+    assert d.next_step.startswith("No size these suites allow decides accuracy on arith: its estimate sits 0 points "
+                                  "from its bound ≥ −5 points, and about 44,811 more items would be needed (about "
+                                  "12.0 h at this compare's rate), where 1,984 remain. The effect is on the margin")
+    assert "Run about" not in d.next_step

@@ -69,17 +69,54 @@ def _hint(name: str) -> str:
     return "read the criteria and samples below"
 
 
+def _gap(c: Mapping[str, Any]) -> str | None:
+    """How far a criterion's estimate sits from the bound it must be shown inside, in its units."""
+    est, lo, hi = c.get("estimate"), c.get("bound_low"), c.get("bound_high")
+    if not isinstance(est, (int, float)):
+        return None
+    ends = [abs(est - b) for b in (lo, hi) if isinstance(b, (int, float))]
+    return fmt_quantity(min(ends), quantity(str(c.get("name") or "")), signed=False) if ends else None
+
+
+def minutes_per_item(report: Mapping[str, Any], judged: int | None) -> float | None:
+    """Wall minutes the compare spent per item judged, both arms and the A/A replicate together (its
+    runs' first start to last finish): the rate a larger compare on these servers would run at."""
+    runs = [r for r in (get(report, "runs") or {}).values() if isinstance(r, Mapping)]
+    starts = [r["started_at"] for r in runs if isinstance(r.get("started_at"), (int, float))]
+    ends = [r["finished_at"] for r in runs if isinstance(r.get("finished_at"), (int, float))]
+    if not (judged and starts and ends) or max(ends) <= min(starts):
+        return None
+    return (max(ends) - min(starts)) / 60 / judged
+
+
+def _duration(minutes: float) -> str:
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h" if minutes < 48 * 60 \
+        else f"{minutes / 60 / 24:.0f} days"
+
+
 def _more_items(report: Mapping[str, Any], c: Mapping[str, Any], others: int) -> str:
-    """'Run about 342 more items …': the largest open criterion's estimate, and where to get them."""
+    """What more data would decide the largest open criterion, priced at this compare's rate, and
+    whether the suites hold that many items: an estimate a hair from its bound asks for more items
+    than any suite holds, which is not a plan but a finding (the effect sits on the margin)."""
     seq = get(report, "verdict", "sequential") or {}
     judged = (seq.get("sizes") or [None])[len(seq.get("looks") or [1]) - 1] if seq.get("looks") else None
     available = sum(int(s.get("n_items") or 0) for s in get(report, "runs", "baseline", "suites") or [])
+    n, unit = int(c["n_more"]), c.get("unit") or "items"
+    rate = minutes_per_item(report, judged if isinstance(judged, int) else None)
+    cost = f" (about {_duration(n * rate)} at this compare's rate)" if rate and unit == "items" else ""
+    of = f", the largest of {others + 1} estimates," if others else ""
+    left = available - judged if isinstance(judged, int) and available else None
+    if left is not None and unit == "items" and n > left:
+        gap = _gap(c)
+        margin = f"its estimate sits {gap} from its bound {fmt_bound(c)}, " if gap else ""
+        return (f"No size these suites allow decides {short_label(c)}: {margin}and about {n:,} more items{of} "
+                f"would be needed{cost}, where {left:,} remain. The effect is on the margin: decide whether a "
+                f"difference that small matters before running more; nothing was shown outside its bound.")
     where = ""
     if isinstance(judged, int) and available:
         where = (f" (raise --max-items: {judged:,} of {available:,} were judged)" if judged < available
                  else f" (add items to the suites: all {available:,} were judged)")
-    of = f", the largest of {others + 1} estimates," if others else ""
-    return (f"Run about {int(c['n_more']):,} more {c.get('unit') or 'items'}{of} to decide "
+    return (f"Run about {n:,} more {unit}{of}{cost} to decide "
             f"{short_label(c)}{where}; nothing was shown outside its bound.")
 
 
