@@ -241,4 +241,4 @@ def test_the_real_report_md_fits_a_pr_comment(real):
 
     text = (real.out / "report.md").read_text(encoding="utf-8")
     assert len(outside_details(text)) <= PR_COMMENT_LINES
-    assert text.startswith(f"## kvqual: **{real.report['verdict']['verdict']}** — cand vs base")
+    assert text.startswith(f"## kvqual: **{real.report['verdict']['verdict']}** — base → cand")

@@ -133,7 +133,7 @@ def test_forest_has_one_row_per_criterion_with_units_and_status_words(report):
     assert "−5.00 points [−16.0, +6.00]" in forest  # accuracy in points, three significant figures
     assert "0.0410 nats/token [0.0340, 0.0490]" in forest
     assert "1.02× [0.950, 1.08]" in forest and "0% [0%, 7.20%]" in forest
-    for word in ("pass", "fail", "undecided", "not judged"):
+    for word in ("pass", "fail", "inconclusive", "not judged"):  # the words the console and report.md use
         assert f">{word}</span>" in forest
     assert "not drawn: speed not measured (no min_speedup)" in forest
 

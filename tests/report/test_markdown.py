@@ -72,7 +72,7 @@ def _criteria_lines(text: str) -> list[str]:
 def test_verdict_why_and_what_next_come_first(report):
     lines = render_markdown(report).splitlines()
     decision = D.decision(report)  # the two sentences report.html leads with too
-    assert lines[0] == "## kvqual: **FAIL** — fp8 vs bf16 (exit code 1)"
+    assert lines[0] == "## kvqual: **FAIL** — bf16 → fp8 (exit code 1)"
     assert lines[2] == f"- **Why:** {cell(decision.why)}"
     assert lines[3] == f"- **Next:** {cell(decision.next_step)}"
     assert "nats/token" in lines[2] and "bound ≤ 0.03 nats/token" in lines[2]
@@ -193,7 +193,7 @@ def test_next_step_for_each_verdict(report):
 
 def test_nulls_and_empty_lists_render_not_measured(null_report):
     text = render_markdown(null_report)
-    assert text.startswith("## kvqual: **INCONCLUSIVE** — candidate vs baseline (exit code 3)")
+    assert text.startswith("## kvqual: **INCONCLUSIVE** — baseline → candidate (exit code 3)")
     assert "- **Why:** " in text and "- **Next:** " in text
     assert "| Target | — | — | not measured |" in text
     assert "- Speed: not measured." in text

@@ -36,7 +36,8 @@ def console_summary(report: Mapping[str, Any]) -> str:
         for c, row in members:
             ci = row.ci.rsplit(" (", 1)[0]
             lines.append(f"{c['label']:<{width}}{c['role']:<9}{row.estimate:>18}  {ci:<26}{row.bound:<22}"
-                         f"{c['status'].upper()}")
+                         f"{c['status'].upper()}{'†' if row.holm else ''}")
+    lines += [f"† {c['label']}: {row.holm}" for c, row in zip(v["criteria"], rows) if row.holm]
     ov = report["suites"].get("overall", {})
     gen, tok = (ov.get("generation") or {}).get("ab"), (ov.get("teacher") or {}).get("ab")
     if gen:

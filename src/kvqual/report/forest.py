@@ -39,6 +39,7 @@ class ForestRow:
     bound: str
     n: str
     note: str = ""
+    holm: str | None = None  # why an interval wholly outside its bound is not a FAIL
     ci: tuple[float, float] | None = None
     open_low: bool = False
     open_high: bool = False
@@ -96,7 +97,7 @@ def forest_row(c: Mapping[str, Any]) -> ForestRow:
     common = dict(label=FOREST_LABEL.get(name, S.CRITERION_LABEL.get(name, name)), suite=str(c.get("suite") or "overall"),
                   group=_group(c),
                   status=status, reading=D.reading(c), bound=F.fmt_bound(c),
-                  n=f"{F.fmt_num(c.get('n'))} {c.get('unit') or 'items'}")
+                  n=f"{F.fmt_num(c.get('n'))} {c.get('unit') or 'items'}", holm=S.holm_note(c))
     est, lo, hi = (F.num(c.get(k)) for k in ("estimate", "ci_low", "ci_high"))
     if est is None and lo is None and hi is None:
         return ForestRow(**common, note=str(c.get("detail") or "no estimate"))

@@ -93,7 +93,7 @@ _ENV = jinja2.Environment(
 )
 
 
-STATUS_WORD = {"pass": "pass", "fail": "fail", "inconclusive": "undecided", "not_evaluated": "not judged"}
+STATUS_WORD = {"pass": "pass", "fail": "fail", "inconclusive": "inconclusive", "not_evaluated": "not judged"}
 PLOTS = (  # name, caption, full width
     ("lengths", "Output lengths: paired per item, with the length criterion's bound", False),
     ("length_drift", "Length drift: candidate − baseline per item, in tokens", False),

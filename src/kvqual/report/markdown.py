@@ -67,7 +67,9 @@ def details(summary: str, body: list[str]) -> list[str]:
 
 def _status(row: S.CriterionRow) -> str:
     word = _STATUS_WORD.get(row.status, row.status)
-    if row.status == "inconclusive" and row.n_more != F.MISSING:
+    if row.holm:
+        word += f" ({row.holm})"
+    elif row.status == "inconclusive" and row.n_more != F.MISSING:
         word += f" (≈{row.n_more} more {row.unit} would decide)"
     return word
 

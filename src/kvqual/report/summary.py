@@ -53,6 +53,7 @@ class CriterionRow:
     n_more: str
     role: str = "primary"
     unit: str = "items"
+    holm: str | None = None  # why an interval wholly outside its bound is not a FAIL (`holm_note`)
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,30 @@ def criterion_rows(report: Mapping[str, Any]) -> list[CriterionRow]:
                 n_more=fmt_num(c.get("n_more")),
                 role=str(c.get("role") or "primary"),
                 unit=str(c.get("unit") or "items"),
+                holm=holm_note(c),
             )
         )
     return rows
+
+
+def holm_note(c: Mapping[str, Any]) -> str | None:
+    """Why an undecided criterion whose interval lies wholly outside its bound is not a FAIL: its
+    fail test, adjusted by Holm over every criterion's fail test (so the false-FAIL rate holds
+    over all of them), is not below the level; None for every other criterion."""
+    if c.get("status") != "inconclusive":
+        return None
+    lo, hi, bl, bh = (num(c.get(k)) for k in ("ci_low", "ci_high", "bound_low", "bound_high"))
+    outside = {"at_least": hi is not None and bl is not None and hi < bl,
+               "at_most": lo is not None and bh is not None and lo > bh,
+               "within": (hi is not None and bl is not None and hi < bl) or (lo is not None and bh is not None and lo > bh)}
+    if not outside.get(str(c.get("direction")), False):
+        return None
+    adjusted, level = num(c.get("p_fail_holm")), num(c.get("level"))
+    test = (f": its fail test's p-value {sig3(num(c.get('p_fail')) or 0.0)} is "
+            f"{sig3(adjusted)} after Holm's adjustment over every criterion, above the level {sig3(level)}"
+            if adjusted is not None and level is not None else ", but its fail test does not survive Holm's "
+            "adjustment over every criterion")
+    return f"outside its bound before the multiple-testing adjustment{test}: not shown outside, so not a FAIL"
 
 
 def _run_value(run: Any, key: str) -> str:
@@ -345,10 +367,10 @@ def speed_rows(report: Mapping[str, Any]) -> list[ArmRow]:
 
 
 def title(report: Mapping[str, Any]) -> str:
-    """'candidate vs baseline' from the run targets, for headings."""
+    """'bf16 → fp8': the change under test, in the order `kvqual compare BASELINE CANDIDATE` names it."""
     base = get(report, "runs", "baseline", "target") or "baseline"
     cand = get(report, "runs", "candidate", "target") or "candidate"
-    return f"{cand} vs {base}"
+    return f"{base} → {cand}"
 
 
 def verdict_line(report: Mapping[str, Any]) -> tuple[str, str]:
