@@ -110,6 +110,14 @@ def test_many_wrong_answers_fail_and_report_reproduces(tmp_path, fake_server):
     rep2 = json.loads((tmp_path / "again" / "report.json").read_text())
     rep.pop("command"), rep2.pop("command")
     assert rep == rep2  # bit for bit from the same saved runs
+    folder, = (tmp_path / "results").glob("compare-*")  # the compare's folder alone names its runs
+    by_folder = kvqual(tmp_path, "report", str(folder.relative_to(tmp_path)), "--out", "again2")
+    assert by_folder.returncode == 1, by_folder.stdout + by_folder.stderr
+    rep3 = json.loads((tmp_path / "again2" / "report.json").read_text())
+    rep3.pop("command")
+    assert rep3 == rep
+    lost = kvqual(tmp_path, "report", f"results/{base_run}")  # a run folder alone is not enough: one line, exit 2
+    assert lost.returncode == 2 and "neither a compare folder" in lost.stderr and "Traceback" not in lost.stderr
 
 
 def test_handful_of_items_is_inconclusive(tmp_path, fake_server):

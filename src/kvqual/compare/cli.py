@@ -24,11 +24,21 @@ SPEED_FROM_HELP = ("judge the speedup criterion on the steady-state throughput r
                    "[gate] min_speedup gates it, unset it is reported (docs/speed.md)")
 
 
+def _builtin_epilog() -> str:
+    """The built-in targets (kvqual serve on this machine), listed where a newcomer looks for them."""
+    from kvqual.config import BUILTIN_TARGETS
+
+    rows = [f"  {name:<20}KV cache {dtype}{'; kvqual serve' + extra if extra else ''}" for name, dtype, extra in BUILTIN_TARGETS]
+    return ("built-in targets (no kvqual.toml needed: kvqual serve with the embedded model on this machine):\n"
+            + "\n".join(rows) + "\nyour own servers: [targets.NAME] in kvqual.toml (README, \"Your own servers\")")
+
+
 def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("compare", help="baseline vs candidate with an A/A floor: PASS / FAIL / INCONCLUSIVE",
                        description="Runs (or reuses) the baseline, its A/A replicate and the candidate, "
                                    "teacher-forces the baseline's outputs on both, and gates the candidate. "
-                                   "Exit: 0 pass, 1 fail, 2 bad input, 3 inconclusive, 4 infrastructure.")
+                                   "Exit: 0 pass, 1 fail, 2 bad input, 3 inconclusive, 4 infrastructure.",
+                       epilog=_builtin_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("baseline", help="baseline target name (e.g. bf16)")
     p.add_argument("candidate", help="candidate target name (e.g. fp8)")
     run_options(p)
@@ -54,9 +64,11 @@ def add_parsers(sub: argparse._SubParsersAction, run_options: Callable[[argparse
                    help="print the verdict object (report.json's \"verdict\") on stdout; the summary goes to stderr")
     p.set_defaults(func=cmd_compare)
 
-    r = sub.add_parser("report", help="re-judge and re-render a comparison from saved runs (no server)")
-    r.add_argument("run_a", help="baseline run folder (results/<run-id>)")
-    r.add_argument("run_b", help="candidate run folder")
+    r = sub.add_parser("report", help="re-judge and re-render a comparison from saved runs (no server)",
+                       description="Re-judges the saved runs of a compare and writes its reports again. Give the "
+                                   "compare's folder (results/compare-<a>-vs-<b>) or the two run folders.")
+    r.add_argument("run_a", help="the compare's folder, or the baseline run folder (results/<run-id>)")
+    r.add_argument("run_b", nargs="?", help="candidate run folder (when RUN_A is the baseline's run folder)")
     r.add_argument("--aa", help="A/A replicate run folder (default: RUN_A-aa1 beside RUN_A)")
     r.add_argument("--config", help="config file whose [gate] policy to use")
     r.add_argument("--out", help="folder for the report files (default: results/compare-<a>-vs-<b>)")
@@ -147,10 +159,11 @@ def _plan(*folders: Path, policy) -> LookPlan | None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from kvqual.compare.verify import verify
-    from kvqual.judge.judge import judge, load_report_inputs
+    from kvqual.judge.judge import judge, load_report_inputs, runs_of_compare
     from kvqual.store import load_manifest
 
-    a, b, aa = load_report_inputs(args.run_a, args.run_b, args.aa)
+    run_a, run_b, aa_run = (args.run_a, args.run_b, args.aa) if args.run_b else runs_of_compare(args.run_a, args.aa)
+    a, b, aa = load_report_inputs(run_a, run_b, aa_run)
     config = _gate_flags(load_config(args.config), args)
     bm, cm = load_manifest(a), load_manifest(b)
     out = _out_dir(str(a.parent), bm.run_id, cm.run_id, args.out)

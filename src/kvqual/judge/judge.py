@@ -244,6 +244,24 @@ def find_aa(base_dir: Path) -> Path | None:
     return candidates[0] if candidates else None
 
 
+def runs_of_compare(folder: str, aa: str | None) -> tuple[str, str, str | None]:
+    """The run folders a compare folder's report.json names (they sit beside it, in the results
+    folder), for `kvqual report <compare folder>`; `aa` given wins over the recorded replicate."""
+    path = Path(folder)
+    try:
+        runs = json.loads((path / "report.json").read_text(encoding="utf-8"))["runs"]
+        ids = [runs[arm]["run_id"] if runs.get(arm) else None for arm in ("baseline", "candidate", "aa")]
+    except FileNotFoundError:
+        raise KvqualError(f"{path}: neither a compare folder (no report.json) nor, alone, enough: give the "
+                          "compare's folder, or the baseline's and the candidate's run folders") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KvqualError(f"{path / 'report.json'}: unreadable ({exc.__class__.__name__}: {exc})") from None
+    if not (ids[0] and ids[1]):
+        raise KvqualError(f"{path / 'report.json'}: names no baseline and candidate runs")
+    return (str(path.parent / ids[0]), str(path.parent / ids[1]),
+            aa if aa else str(path.parent / ids[2]) if ids[2] else None)
+
+
 def load_report_inputs(run_a: str, run_b: str, aa: str | None) -> tuple[Path, Path, Path | None]:
     a, b = Path(run_a), Path(run_b)
     for p in (a, b):
