@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from kvqual.compare.progress import CompareProgress, fmt_duration
 
 
@@ -29,7 +31,7 @@ def test_parts_count_requests_and_reused_ones_are_not_in_the_rate():
     clock.now += 11
     assert (p.done, p.reused, p.total) == (35, 24, 100)
     assert p.left_s() == 11 / 11 * 65  # 11 requests sent in 11 s, 65 left
-    assert p.times() == "0:51 elapsed, ≤ 1:05 left"
+    assert p.times() == "0:51 elapsed, ~1:05 left in this round"  # an estimate at the rate so far, not a bound
 
 
 def test_more_requests_than_planned_grow_the_plan():
@@ -54,8 +56,26 @@ def test_lines_mode_prints_a_line_per_round_and_at_the_end(capsys):
     p.close()
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "kvqual: compare round 2/4: starting: 0/8 requests, 0:00 elapsed"
-    assert err[1] == "kvqual: compare round 2/4: candidate answers: 2/8 requests, 0:31 elapsed, ≤ 1:33 left"
-    assert err[-1] == "kvqual: compare: 2 requests sent, 6 planned not needed (answered before, or skipped) in 0:31"
+    assert err[1] == ("kvqual: compare round 2/4: candidate answers: 2/8 requests, 0:31 elapsed, ~1:33 left in "
+                      "this round")
+    assert err[-1] == ("kvqual: compare: 2 requests sent, 6 not sent (answered in the run folders by an earlier run, "
+                       "or skipped) in 0:31")
+
+
+def test_lines_keep_coming_while_no_request_finishes(capsys, monkeypatch):
+    """A part whose requests take minutes (long generations on a busy CPU) once left a CI log silent
+    for 4 minutes under a promise of a line every 30 s: the heartbeat prints them anyway."""
+    import kvqual.compare.progress as progress
+
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.5)
+    p = CompareProgress(1, "lines", heartbeat=True)
+    p.expect(4)
+    p.start_round(0)
+    with p.part("baseline answers", 4):
+        time.sleep(3.2)  # no request finishes
+    p.close()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "baseline answers: 0/4" in line]
+    assert len(lines) >= 3, lines  # the heartbeat wakes every second and prints when 0.5 s passed
 
 
 def test_fmt_duration():

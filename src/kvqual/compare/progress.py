@@ -4,14 +4,17 @@ those planned, time spent and an estimate of the time left.
 Every request the compare sends counts as one unit: each arm's answers, the A/A replicate's and
 every teacher-forcing pass. A round's requests join the plan when the round starts (a decided look
 or a budget may end the compare after any round, so the plan is never the rounds it will not run),
-and the estimate is of the rounds started so far, an upper bound for them ("≤"). Units not sent (answered in the run
-folders by an earlier session, or skipped, as a refused echo's forcing pass) count as done but
-not in the rate. The estimate is the units left at
-the rate of this session's units: generation and forcing requests are averaged together.
+and the estimate ("~ 1:05 left in this round") is of the rounds started so far: the units left at
+the rate of this session's units, generation and forcing requests averaged together. It is an
+estimate, not a bound: requests of a later part may be slower (long generations) and a decided look
+or a budget decides whether another round starts (`--max-minutes` prices each round before it starts).
+Units not sent (answered in the run folders by an earlier session, or skipped, as a refused echo's
+forcing pass) count as done but not in the rate.
 
-On a terminal it is a rich progress bar on stderr; elsewhere (CI logs, pipes) one plain line
-when each round starts and at most every `LINE_EVERY_S` seconds. The rate is measured from the first round's start, so the servers'
-start-up is in the time spent but not in the estimate.
+On a terminal it is a rich progress bar on stderr; elsewhere (CI logs, pipes) one plain line when
+each round starts and every `LINE_EVERY_S` seconds, whether or not a request finished (a heartbeat
+thread: a part whose requests take minutes must not look like a hang). The rate is measured from the
+first round's start, so the servers' start-up is in the time spent but not in the estimate.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import sys
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -35,7 +39,7 @@ def fmt_duration(seconds: float) -> str:
 class CompareProgress:
     """Counts a compare's requests against its plan and shows them (mode "bar", "lines" or "off")."""
 
-    def __init__(self, rounds: int, mode: str, clock=time.monotonic) -> None:
+    def __init__(self, rounds: int, mode: str, clock=time.monotonic, heartbeat: bool | None = None) -> None:
         self.rounds, self.mode, self.clock = rounds, mode, clock
         self.total = self.done = self.reused = 0
         self.round = 0
@@ -52,6 +56,18 @@ class CompareProgress:
                                  transient=False, refresh_per_second=4)
             self._task = self._bar.add_task("compare", total=1, times="")
             self._bar.start()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        if mode == "lines" and (heartbeat if heartbeat is not None else clock is time.monotonic):
+            self._beat = threading.Thread(target=self._heartbeat, name="kvqual-progress", daemon=True)
+            self._beat.start()
+
+    def _heartbeat(self) -> None:
+        """A line every LINE_EVERY_S seconds while nothing else prints one."""
+        while not self._stop.wait(1.0):
+            if self.clock() - self._last_line >= LINE_EVERY_S:
+                self._line()
 
     # ------------------------------------------------------------ counting
 
@@ -112,12 +128,13 @@ class CompareProgress:
     def times(self) -> str:
         left = self.left_s()
         return (f"{fmt_duration(self.clock() - self.started)} elapsed"
-                + ("" if left is None else f", ≤ {fmt_duration(left)} left"))
+                + ("" if left is None else f", ~{fmt_duration(left)} left in this round"))
 
     def _line(self) -> None:
-        print(f"kvqual: compare {self.describe()}: {self.done}/{self.total} requests, {self.times()}",
-              file=sys.stderr, flush=True)
-        self._last_line = self.clock()
+        with self._lock, contextlib.suppress(OSError):  # a terminal that hung up must not stop the compare
+            print(f"kvqual: compare {self.describe()}: {self.done}/{self.total} requests, {self.times()}",
+                  file=sys.stderr, flush=True)
+            self._last_line = self.clock()
 
     def _show(self) -> None:
         if self._bar is not None:
@@ -127,10 +144,14 @@ class CompareProgress:
             self._line()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=5)
         if self._bar is not None:
             self._show()
             self._bar.stop()
         elif self.mode == "lines":
             print(f"kvqual: compare: {self.done - self.reused} requests sent"
-                  + (f", {self.reused} planned not needed (answered before, or skipped)" if self.reused else "")
+                  + (f", {self.reused} not sent (answered in the run folders by an earlier run, or skipped)"
+                     if self.reused else "")
                   + f" in {fmt_duration(self.clock() - self.started)}", file=sys.stderr, flush=True)
