@@ -34,3 +34,17 @@ def test_unknown_kv_cache_dtype_is_one_line_exit_2(capsys):
         assert captured.err.startswith("kvqual serve: error: argument --kv-cache-dtype: invalid choice: 'fp3'")
         assert captured.err.endswith(" (see kvqual serve --help)\n")
         assert all(d in captured.err for d in ("auto", "bf16", "fp8_e4m3", "fp8_e5m2"))  # the choices, named
+
+
+def test_without_the_serve_extra_it_names_the_extra_in_one_line(capsys, monkeypatch):
+    """`pip install kvqual` without [serve], then `kvqual serve`: one line naming the extra, exit 2 —
+    not a traceback of `import torch` (a None entry in sys.modules is how Python spells "absent")."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    assert main(["--kv-cache-dtype", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("kvqual serve: needs the [serve] extra, and torch, gguf are not installed: "
+                          "pip install 'kvqual[serve]'")

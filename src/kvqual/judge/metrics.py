@@ -362,7 +362,8 @@ def examples(base: Mapping[Key, Sample], cand: Mapping[Key, Sample], limit: int 
         rows.append((not flip, d if d is not None else 10**9, -abs((b.completion_tokens or 0) - (a.completion_tokens or 0)),
                      {"suite": k[0], "id": k[1], "repeat": k[2], "first_divergence": d, "divergence_char": char,
                       "base_text": a.text, "cand_text": b.text, "score_base": a.score, "score_cand": b.score}))
-    rows.sort(key=lambda r: r[:3])
+    # ties broken by the key: samples.jsonl holds answers in the order they finished, which concurrency varies
+    rows.sort(key=lambda r: (*r[:3], r[3]["suite"], r[3]["id"], r[3]["repeat"]))
     return [r[3] for r in rows[:limit]]
 
 

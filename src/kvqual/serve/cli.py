@@ -65,6 +65,16 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
     parser.error = error  # type: ignore[method-assign]
 
 
+SERVE_EXTRA = ("torch", "transformers", "gguf", "safetensors", "fastapi", "uvicorn")  # pyproject's [serve], by import name
+
+
+def missing_extras() -> list[str]:
+    """The [serve] extra's packages this Python cannot import (looked up, not imported: torch takes seconds)."""
+    import importlib.util
+
+    return [name for name in SERVE_EXTRA if importlib.util.find_spec(name) is None]
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model and serve until interrupted; 2 when the model is missing or the flags clash."""
     from kvqual.serve.model import ModelNotFound, resolve_source
@@ -75,6 +85,12 @@ def run(args: argparse.Namespace) -> int:
         check_hicache(args.hicache_ratio, args.hicache_size)
     except ValueError as exc:
         print(f"kvqual serve: {exc}", file=sys.stderr)
+        return 2
+    missing = missing_extras()
+    if missing:
+        print(f"kvqual serve: needs the [serve] extra, and {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+              "not installed: pip install 'kvqual[serve]' (without a GPU, the CPU build of torch first, as "
+              "scripts/setup.sh does)", file=sys.stderr)
         return 2
     try:
         resolve_source(args.model)
