@@ -342,6 +342,7 @@ def test_gpu_pattern_with_prompts_over_the_context(tmp_path, fake_server):
     unfit = rep["does_not_fit"]
     assert unfit["items"] >= 1 and unfit["limit"] == 300 and all(i.startswith("s/long") for i in unfit["ids"])
     assert f"{unfit['items']} prompt" in r.stdout and "do not fit a 300-token context" in r.stdout.replace("does not", "do not")
+    assert f"so the criteria count {unfit['items']} fewer items than the looks judged" in r.stdout
     assert criterion(rep, "failed_rate_baseline")["estimate"] == criterion(rep, "failed_rate_candidate")["estimate"] == 0
     judged = rep["verdict"]["sequential"]["looks"][-1]["items"]
     assert criterion(rep, "failed_rate_candidate")["n"] == judged - unfit["items"]

@@ -419,7 +419,8 @@ def fit_line(report: Mapping[str, Any]) -> str | None:
     ids = unfit.get("ids") or []
     shown = ", ".join(ids[:3]) + (", …" if n > 3 else "")
     return (f"{n} prompt{'s' if n != 1 else ''} do{'' if n != 1 else 'es'} not fit {where} (prompt + max_tokens): "
-            f"left out of both arms, not counted as failures ({shown})")
+            f"left out of both arms, not counted as failures, so the criteria count {n} fewer items than the "
+            f"looks judged ({shown})")
 
 
 def capacity_line(report: Mapping[str, Any]) -> str | None:
