@@ -194,6 +194,10 @@ def test_a_missing_token_criterion_is_never_a_pass() -> None:
     c = _by_name(v)
     assert v.verdict == "INCONCLUSIVE" and c["kl_excess"].status == "inconclusive"
     assert c["kl_excess"].estimate is not None and "50% < min_token_coverage 80%" in c["kl_excess"].detail
+    # 799 of 1,000 is short of 80%, and says so (rounding once printed "80% < 80%")
+    cov = TokenCoverage(True, 1000, 799, Counter({"tokens differ between the two servers": 201}))
+    v = decide(GatePolicy(), GateInputs(**good, tokens=_tokens(799), coverage=cov), RNG(0))
+    assert "79.9% < min_token_coverage 80%" in _by_name(v)["kl_excess"].detail
     # teacher forcing turned off by the user: not evaluated, and the rest may PASS
     v = decide(GatePolicy(), GateInputs(**good, coverage=NO_TF), RNG(0))
     assert v.verdict == "PASS" and _by_name(v)["kl_excess"].status == "not_evaluated"

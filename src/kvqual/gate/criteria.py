@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import stats
 
 from kvqual import stats as st
 from kvqual.gate.inputs import (AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, SteadySpeed,
@@ -482,14 +481,16 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
     short, infrastructure = None, False
     if coverage is not None and coverage.pairs and coverage.share < policy.min_token_coverage:
         why = ", ".join(f"{r}: {k}" for r, k in coverage.reasons.most_common()) or "no reason recorded"
+        # the share rounded down to 0.1%: 79.9% < 80%, never the "80% < 80%" rounding gave
+        share = f"{math.floor(coverage.share * 1000) / 10:g}%"
         short = (f"token metrics usable on {coverage.usable} of {coverage.pairs} pairs "
-                 f"({coverage.share:.0%} < min_token_coverage {policy.min_token_coverage:.0%}); {why}")
+                 f"({share} < min_token_coverage {policy.min_token_coverage:.0%}); {why}")
         # short only because teacher-forcing requests failed after their retries: an infrastructure fault,
         # which more items would not mend; retrying those requests (the same command again) does
         if coverage.failed and (coverage.usable + coverage.failed) / coverage.pairs >= policy.min_token_coverage:
             infrastructure = True
             short = (f"infrastructure: {coverage.failed} teacher-forcing requests failed after their retries, "
-                     f"leaving token metrics on {coverage.usable} of {coverage.pairs} pairs ({coverage.share:.0%} < "
+                     f"leaving token metrics on {coverage.usable} of {coverage.pairs} pairs ({share} < "
                      f"min_token_coverage {policy.min_token_coverage:.0%}); run the same command again to retry them")
     out: list[Criterion] = []
     for name, bound in bounds.items():
