@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fakeserver import tokenize  # noqa: E402
 from kvtest import start_fake  # noqa: E402
 
-from kvqual import client, runner, store  # noqa: E402
+from kvqual import bodies, client, runner, store  # noqa: E402
 from kvqual.client import completion_payload  # noqa: E402
 from kvqual.config import RunDefaults, Target  # noqa: E402
 from kvqual.records import GenerationParams, Item, SuiteRef  # noqa: E402
@@ -270,7 +270,7 @@ def _without_parse(m: pytest.MonkeyPatch) -> None:
 
 def _plain_json(m: pytest.MonkeyPatch) -> None:
     _without_parse(m)
-    m.setattr(client, "decode_json", lambda raw, server="server": json.loads(raw))
+    m.setattr(bodies, "decode_json", lambda raw, server="server": json.loads(raw))
 
 
 def test_where_kvqual_spends_it(benchmark, server):

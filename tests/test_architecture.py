@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("kvqual.config", "kvqual.store", "kvqual.forced"),                         # config, the files
     ("kvqual.plan", "kvqual.report"),                                           # the seeded order; rendering
     ("kvqual.judge",),                                                          # pure over the files
-    ("kvqual.client",),                                                         # the transport
+    ("kvqual.client", "kvqual.retry", "kvqual.bodies", "kvqual.transport"),     # the transport
     ("kvqual.probe", "kvqual.telemetry", "kvqual.launch"),                      # what a server is
     ("kvqual.runner", "kvqual.forcing", "kvqual.load.drive", "kvqual.load.summary",
      "kvqual.load.evidence"),                                                   # spending server time
@@ -35,8 +35,9 @@ FLOORS: list[tuple[str, ...]] = [
 STANDALONE = "kvqual.serve"  # the reference server: imports nothing of kvqual but itself and suites
 SERVE_MAY_IMPORT = ("kvqual.serve", "kvqual.suites")
 # what must never be loaded by the judge (nor by `kvqual report`'s judge): a transport, a server
-JUDGE_MUST_NOT_LOAD = ("kvqual.client", "kvqual.runner", "kvqual.probe", "kvqual.telemetry", "kvqual.launch",
-                       "kvqual.forcing", "kvqual.compare", "kvqual.load", "kvqual.serve", "httpx", "aiohttp", "openai")
+JUDGE_MUST_NOT_LOAD = ("kvqual.client", "kvqual.transport", "kvqual.bodies", "kvqual.retry", "kvqual.runner",
+                       "kvqual.probe", "kvqual.telemetry", "kvqual.launch", "kvqual.forcing", "kvqual.compare",
+                       "kvqual.load", "kvqual.serve", "httpx", "aiohttp", "openai")
 
 
 def _modules() -> dict[str, Path]:

@@ -6,9 +6,10 @@ import httpx
 import openai
 import pytest
 
-from kvqual import client
-from kvqual.client import (backoff_delay, chat_payload, classify, completion_payload, echo_payload, parse_chat,
-                           parse_completion, parse_echo, token_id_of)
+from kvqual import bodies, client, transport as transport_module
+from kvqual.client import (chat_payload, completion_payload, echo_payload, parse_chat, parse_completion, parse_echo,
+                           token_id_of)
+from kvqual.retry import backoff_delay, classify
 from kvqual.errors import InvalidResponse, ServerContractError, register_secret
 from kvqual.records import GenerationParams, Item
 
@@ -294,10 +295,10 @@ def test_the_bulk_finite_check_passes_and_names_what_the_one_by_one_check_does()
 
 
 def test_decode_json_refuses_what_json_does_not_have():
-    assert client.decode_json(b'{"a": -0.5, "b": [1, 2e3]}') == {"a": -0.5, "b": [1, 2000.0]}
+    assert bodies.decode_json(b'{"a": -0.5, "b": [1, 2e3]}') == {"a": -0.5, "b": [1, 2000.0]}
     for body in (b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": 1e999}', b"not json", b"\xff\xfe"):
         with pytest.raises(InvalidResponse, match="malformed response"):
-            client.decode_json(body, "http://h/v1")
+            bodies.decode_json(body, "http://h/v1")
 
 
 def test_decode_json_accepts_and_refuses_what_the_standard_decoder_with_its_hooks_does():
@@ -307,12 +308,12 @@ def test_decode_json_accepts_and_refuses_what_the_standard_decoder_with_its_hook
     for body, message in ((b'{"a": NaN}', "NaN is not a JSON number"), (b'[-Infinity]', "-Infinity is not a JSON number"),
                           (b'{"a": -1e999}', "-1e999 overflows to infinity"), (b'[1.5e400]', "1.5e400 overflows")):
         with pytest.raises(InvalidResponse, match=f"^http://h/v1: malformed response: {message}"):
-            client.decode_json(body, "http://h/v1")
+            bodies.decode_json(body, "http://h/v1")
     big = b"[" + b"1" * 400 + b"]"  # an integer no double holds: JSON, so decoded, then refused as a logprob
-    assert client.decode_json(big) == json.loads(big)
-    assert client.decode_json('{"a": "\\ud800"}'.encode()) == {"a": "\ud800"}  # a lone surrogate escape
-    assert client.decode_json('{"a": -0.5}'.encode("utf-16")) == {"a": -0.5}  # JSON in UTF-16
-    assert client.decode_json(b'{"a": 1e308, "b": 5e-324, "c": 18446744073709551616}') == {
+    assert bodies.decode_json(big) == json.loads(big)
+    assert bodies.decode_json('{"a": "\\ud800"}'.encode()) == {"a": "\ud800"}  # a lone surrogate escape
+    assert bodies.decode_json('{"a": -0.5}'.encode("utf-16")) == {"a": -0.5}  # JSON in UTF-16
+    assert bodies.decode_json(b'{"a": 1e308, "b": 5e-324, "c": 18446744073709551616}') == {
         "a": 1e308, "b": 5e-324, "c": 18446744073709551616}
 
 
@@ -322,10 +323,10 @@ def test_decode_json_accepts_and_refuses_what_the_standard_decoder_with_its_hook
 def test_an_answer_must_come_from_the_requested_model(returned, ok):
     data = {"model": returned} if returned is not None else {}
     if ok:
-        client.check_model("m", data)
+        bodies.check_model("m", data)
     else:
         with pytest.raises(InvalidResponse, match="not the requested 'm'"):
-            client.check_model("m", data)
+            bodies.check_model("m", data)
 
 
 def test_invalid_response_is_a_final_failure_not_a_run_stopping_contract_error():
@@ -388,14 +389,12 @@ def _garbage_app(cap: int):
 def test_transport_turns_garbage_into_invalid_responses(monkeypatch):
     import asyncio
 
-    from aiohttp import web
-
     cap = 1 << 20
-    monkeypatch.setattr(client, "MAX_RESPONSE_BYTES", cap)
+    monkeypatch.setattr(bodies, "MAX_RESPONSE_BYTES", cap)
 
     async def main() -> dict[str, str]:
         async with _serving(_garbage_app(cap)) as port:
-            transport = client.Transport(f"http://127.0.0.1:{port}/v1", "EMPTY", timeout=10)
+            transport = transport_module.Transport(f"http://127.0.0.1:{port}/v1", "EMPTY", timeout=10)
             outcome: dict[str, str] = {}
             try:
                 for prompt in ("ok", "snapshot", "nan", "overflow", "other", "huge", "huge-chunked", "ok"):
@@ -432,7 +431,7 @@ def test_a_run_records_garbage_as_failed_requests_and_keeps_going(tmp_path):
     from kvtest import write_suite
 
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(_garbage_app(client.MAX_RESPONSE_BYTES))
+    runner = web.AppRunner(_garbage_app(bodies.MAX_RESPONSE_BYTES))
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", 0)
     loop.run_until_complete(site.start())
@@ -511,7 +510,7 @@ def test_only_a_plain_http_target_skips_the_ca_bundle():
     import ssl
 
     async def context_of(url: str) -> ssl.SSLContext:
-        transport = client.Transport(url, "", timeout=5)
+        transport = transport_module.Transport(url, "", timeout=5)
         try:
             return transport._client._client._transport.ssl_context  # noqa: SLF001 - the SDK's aiohttp transport
         finally:
@@ -620,14 +619,12 @@ def test_the_direct_post_sends_and_fails_as_the_sdk_does():
     """`Transport.post_json` skips the SDK's request building on a plain-http target: the same
     request goes out (headers, auth, body bytes), and every way it can end gives the same answer or
     the same failure as the SDK's own POST: `classify`'s message, retry class and Retry-After, and
-    `runner.closed_before_response`. Only a redirect loop is told in other words (aiohttp's and
+    `retry.closed_before_response`. Only a redirect loop is told in other words (aiohttp's and
     httpx's), in the same retry class."""
     import asyncio
     import socket
 
-    from aiohttp import web
-
-    from kvqual.runner import closed_before_response
+    from kvqual.retry import closed_before_response
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -635,7 +632,7 @@ def test_the_direct_post_sends_and_fails_as_the_sdk_does():
 
     async def outcomes(direct: bool, seen: list) -> dict[str, tuple]:
         async with _serving(_behaviours_app(seen)) as port:
-            transport = client.Transport(f"http://127.0.0.1:{port}/v1", "sekret-direct-test", timeout=1.0)
+            transport = transport_module.Transport(f"http://127.0.0.1:{port}/v1", "sekret-direct-test", timeout=1.0)
             assert transport._direct  # noqa: SLF001 - a plain-http target takes the direct POST
             transport._direct = direct  # noqa: SLF001 - the SDK's path, for the side by side
             out: dict[str, tuple] = {}
@@ -646,7 +643,7 @@ def test_the_direct_post_sends_and_fails_as_the_sdk_does():
                     except Exception as exc:  # noqa: BLE001 - what the runner records
                         info = classify(exc)
                         out[name] = ("failed", info.message, info.transient, info.retry_after, closed_before_response(exc))
-                other = client.Transport(f"http://127.0.0.1:{refused}/v1", "", timeout=1.0)
+                other = transport_module.Transport(f"http://127.0.0.1:{refused}/v1", "", timeout=1.0)
                 other._direct = direct  # noqa: SLF001
                 try:
                     await other.post_json("/ok", {"model": "m"})
@@ -681,8 +678,8 @@ def test_the_direct_post_sends_and_fails_as_the_sdk_does():
 def test_the_sdk_path_is_kept_where_the_direct_post_would_differ(monkeypatch):
     for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
-    assert client.Transport("http://127.0.0.1:9/v1", "", 5)._direct  # noqa: SLF001
-    assert not client.Transport("https://example.invalid/v1", "", 5)._direct  # noqa: SLF001 - TLS: the SDK's
-    assert not client.Transport("http://127.0.0.1:9/v1?x=1", "", 5)._direct  # noqa: SLF001
+    assert transport_module.Transport("http://127.0.0.1:9/v1", "", 5)._direct  # noqa: SLF001
+    assert not transport_module.Transport("https://example.invalid/v1", "", 5)._direct  # noqa: SLF001 - TLS: the SDK's
+    assert not transport_module.Transport("http://127.0.0.1:9/v1?x=1", "", 5)._direct  # noqa: SLF001
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
-    assert not client.Transport("http://127.0.0.1:9/v1", "", 5)._direct  # noqa: SLF001 - the SDK honours proxies
+    assert not transport_module.Transport("http://127.0.0.1:9/v1", "", 5)._direct  # noqa: SLF001 - the SDK honours proxies

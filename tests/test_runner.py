@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from kvtest import write_config, write_suite
+from kvtest import LoopbackServer, write_config, write_suite
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.plan import in_fraction, item_order, plan_units
@@ -297,64 +296,6 @@ def test_kvqual_run_that_ends_with_failed_requests_exits_4(tmp_path, fake_server
     assert load_manifest(run_dir).counts["retries"] == 1
 
 
-class LoopbackServer:
-    """A raw HTTP/1.1 completions server on loopback whose connections the test controls.
-    `close="reused"`: a completion request on a connection that already served one is met by a
-    close, unanswered (what a server's keep-alive timeout looks like to a client that reuses the
-    connection); `close="always"`: every one is; `gated`: answers wait for `release()`."""
-
-    def __init__(self, close=None, gated=False):
-        self.close, self.posts, self.closed = close, 0, 0
-        self._ready, self._open = threading.Event(), threading.Event()
-        if not gated:
-            self._open.set()
-        threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True).start()
-        assert self._ready.wait(10)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-
-    def release(self):
-        self._open.set()
-
-    async def _main(self):
-        server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        async with server:
-            await server.serve_forever()
-
-    async def _conn(self, reader, writer):
-        served = 0
-        try:
-            while True:
-                head = (await reader.readuntil(b"\r\n\r\n")).decode()
-                method, path, _ = head.split("\r\n", 1)[0].split(" ", 2)
-                length = next((int(h.split(":", 1)[1]) for h in head.split("\r\n")
-                               if h.lower().startswith("content-length:")), 0)
-                body = json.loads(await reader.readexactly(length)) if length else {}
-                if method == "POST" and path == "/v1/completions":
-                    self.posts += 1
-                    if self.close == "always" or (self.close == "reused" and served):
-                        self.closed += 1
-                        writer.close()
-                        return
-                    served += 1
-                    while not self._open.is_set():
-                        await asyncio.sleep(0.02)
-                    status, data = 200, {"choices": [{"index": 0, "text": " ok " + body["prompt"],
-                                                      "finish_reason": "stop", "logprobs": None}],
-                                         "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
-                elif path == "/v1/models":
-                    status, data = 200, {"object": "list", "data": [{"id": "m", "object": "model"}]}
-                else:
-                    status, data = 404, {"error": "not found"}
-                raw = json.dumps(data).encode()
-                writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-
 def test_a_keepalive_connection_closed_by_the_server_is_a_reconnect_not_a_retry(tmp_path):
     server = LoopbackServer(close="reused")
     s = suite(tmp_path, [{"id": f"i{i}", "prompt": f"p{i}"} for i in range(12)])
@@ -370,7 +311,7 @@ def test_a_keepalive_connection_closed_by_the_server_is_a_reconnect_not_a_retry(
 
 
 def test_a_server_that_always_closes_unanswered_fails_after_bounded_reconnects_and_retries(tmp_path):
-    from kvqual.runner import MAX_RECONNECTS
+    from kvqual.retry import MAX_RECONNECTS
 
     server = LoopbackServer(close="always")
     s = suite(tmp_path, [{"id": "a", "prompt": "pa"}])
@@ -401,7 +342,7 @@ def test_closed_before_response_knows_a_clean_close_from_other_connection_failur
     import httpx
     import openai
 
-    from kvqual.runner import closed_before_response
+    from kvqual.retry import closed_before_response
 
     request = httpx.Request("POST", "http://h/v1/completions")
     sdk = lambda: openai.APITimeoutError(request=request)  # noqa: E731 - what the SDK raises on aiohttp

@@ -19,7 +19,7 @@ Anything else that escapes a command is a bug in kvqual: the CLI exits 70 (`cli.
 with one line and the traceback in a log file, never 1 (a FAIL).
 
 No message kvqual stores or prints carries a configured API key: `Target.api_key()` registers
-what it resolves (`register_secret`); failure messages (`client.classify`) and what the CLI
+what it resolves (`register_secret`); failure messages (`retry.classify`) and what the CLI
 prints pass through `redact`.
 """
 

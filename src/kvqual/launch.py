@@ -22,12 +22,10 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-import httpx
-
 from kvqual.config import Target
 from kvqual.errors import LaunchError, redact
 from kvqual.news import say
-from kvqual.probe import server_root
+from kvqual.transport import Transport
 
 GRACE_S = 30.0
 INTERRUPT_GRACE_S = 3.0
@@ -102,12 +100,12 @@ def _stop_all() -> None:
 
 
 async def wait_healthy(target: Target, proc: subprocess.Popen, log: Path, timeout: float) -> float:
-    """Poll /health, then send a one-token request; seconds it took. LaunchError on failure."""
-    root = server_root(target.base_url)
+    """Poll /health, then send a one-token request; seconds it took. LaunchError on failure. Each
+    request is sent once, without retries: the poll, every half second, is what asks again."""
     t0 = time.monotonic()
     last_note = t0
-    headers = {"Authorization": f"Bearer {target.api_key()}"}
-    async with httpx.AsyncClient(timeout=10.0, headers=headers) as client:
+    transport = Transport(target.base_url, target.api_key(), 10.0)
+    try:
         while True:
             if proc.poll() is not None:
                 raise LaunchError(f"{target.name}: server exited with code {proc.returncode} while starting; "
@@ -116,20 +114,19 @@ async def wait_healthy(target: Target, proc: subprocess.Popen, log: Path, timeou
             if elapsed > timeout:
                 raise LaunchError(f"{target.name}: not healthy after {timeout:.0f} s; log {log}: {_tail(log)}")
             try:
-                health = await client.get(f"{root}/health")
-                if health.status_code == 200:
-                    models = (await client.get(f"{target.base_url}/models")).json()["data"]
-                    model = target.model or models[0]["id"]
-                    one = await client.post(f"{target.base_url}/completions",
-                                            json={"model": model, "prompt": "Hello", "max_tokens": 1})
-                    if one.status_code == 200:
-                        return time.monotonic() - t0
-            except (httpx.HTTPError, ValueError, KeyError, IndexError):
+                await transport.send("GET", "/health", at_root=True)
+                models = (await transport.get_json("/models"))["data"]
+                model = target.model or models[0]["id"]
+                await transport.post_json("/completions", {"model": model, "prompt": "Hello", "max_tokens": 1})
+                return time.monotonic() - t0
+            except Exception:  # noqa: BLE001 - not serving yet (refused, 503, no model listed): poll again
                 pass
             if time.monotonic() - last_note > 15:
                 say(f"waiting for {target.name} to become healthy… {elapsed:.0f} s")
                 last_note = time.monotonic()
             await asyncio.sleep(0.5)
+    finally:
+        await transport.aclose()
 
 
 @contextlib.asynccontextmanager

@@ -5,23 +5,15 @@ vLLM's `vllm:cache_config_info` in Prometheus `/metrics`. Reads only; never chan
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
-import httpx
-
-from kvqual.client import backoff_delay, retry_after_of
-from kvqual.errors import InfrastructureError, redact, redact_json
-
-
-def server_root(base_url: str) -> str:
-    """`http://h:p/v1` → `http://h:p` (server-native endpoints live at the root)."""
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
+from kvqual.errors import InfrastructureError, InvalidResponse, redact_json
+from kvqual.retry import RetryPolicy, refused, timed_out
+from kvqual.transport import Transport
 
 
 _PROM_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
@@ -54,113 +46,78 @@ def kv_dtype_from_metrics(metrics: dict[str, list[tuple[dict[str, str], float]]]
     return None
 
 
-PROBE_RETRIES = 5  # a 429/5xx answer or a dropped connection is asked again, like the runner's requests
-
-
-def _transient(response: httpx.Response) -> bool:
-    return response.status_code in (408, 429) or response.status_code >= 500
-
-
+# a 429/5xx answer or a dropped connection is asked again, like the runner's requests, with a shorter
+# backoff (from 0.25 s doubling up to 8 s); a refused connection is not: nothing listens there
+PROBE_POLICY = RetryPolicy(retries=5, base=0.25, cap=8.0)
 _RNG = random.Random(0)
 
 
-async def _pause(attempt: int, response: httpx.Response | None = None) -> None:
-    """The runner's backoff (full jitter, from 0.25 s doubling up to 8 s); Retry-After as a floor."""
-    hint = retry_after_of(response.headers) if response is not None else None
-    await asyncio.sleep(backoff_delay(attempt, _RNG, base=0.25, cap=8.0, retry_after=hint))
+async def _optional(call: Callable[[], Awaitable[Any]]) -> Any | None:
+    """An endpoint the server may not offer: its answer, or None when it does not (any final status,
+    a refused connection, a body that is not what was asked). Transient failures are asked again a
+    few times, so one dropped connection does not silently lose what the server reports."""
+    return (await PROBE_POLICY.send(call, _RNG, final=refused)).value
 
 
-async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
-    """GET an optional endpoint: its 200 answer, or None when the server does not offer it (any
-    other status, a refused connection). Transient failures are asked again a few times, so one
-    dropped connection does not silently lose what the server reports."""
-    for attempt in range(PROBE_RETRIES + 1):
-        try:
-            response = await client.get(url)
-        except httpx.ConnectError:
-            return None
-        except (httpx.TransportError, httpx.DecodingError):  # reset, timeout, body cut short
-            if attempt < PROBE_RETRIES:
-                await _pause(attempt)
-                continue
-            return None
-        except httpx.HTTPError:
-            return None
-        if _transient(response) and attempt < PROBE_RETRIES:
-            await _pause(attempt, response)
-            continue
-        return response if response.status_code == 200 else None
-    return None
-
-
-async def _models(client: httpx.AsyncClient, url: str, timeout: float, patience: float) -> httpx.Response:
+async def _models(transport: Transport, url: str, timeout: float, patience: float) -> Any:
     """GET /v1/models, waiting out a busy server: a server that serves one request at a time answers
-    only between completions, so a read timeout is retried with a doubled timeout until `patience`
+    only between completions, so a timeout is asked again with a doubled timeout until `patience`
     seconds have passed. A refused connection is final at once: nothing listens there."""
-    started, wait, attempt = time.monotonic(), timeout, 0
+    started, wait = time.monotonic(), timeout
     while True:
-        try:
-            response = await client.get(url, timeout=wait)
-            if _transient(response) and attempt < PROBE_RETRIES:  # overloaded, starting, rate-limited
-                await _pause(attempt, response)
-                attempt += 1
-                continue
-            return response
-        except httpx.ConnectError as exc:
-            raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
-        except httpx.TimeoutException as exc:
+        sent = await PROBE_POLICY.send(lambda: transport.get_json("/models", timeout=wait), _RNG,
+                                       final=lambda exc: refused(exc) or timed_out(exc))
+        if sent.failure is None:
+            return sent.value
+        error, message = sent.error, sent.failure.message
+        if isinstance(error, InvalidResponse):
+            raise InfrastructureError(f"{url}: not an OpenAI model list") from None
+        if error is not None and timed_out(error):
             spent = time.monotonic() - started
             if spent + 1 >= patience:
-                raise InfrastructureError(f"{url}: no answer in {spent:.0f} s ({type(exc).__name__}; the server "
-                                          "accepts connections but is busy or hung)") from None
+                raise InfrastructureError(f"{url}: no answer in {spent:.0f} s (timeout; the server accepts "
+                                          "connections but is busy or hung)") from None
             wait = min(wait * 2, patience - spent)
             print(f"kvqual: {url} did not answer in {spent:.0f} s (busy?); waiting up to {wait:.0f} s more",
                   file=sys.stderr, flush=True)
-        except (httpx.TransportError, httpx.DecodingError) as exc:  # reset, or the answer cut short
-            if attempt >= PROBE_RETRIES:
-                raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
-            await _pause(attempt)
-            attempt += 1
-        except httpx.HTTPError as exc:
-            raise InfrastructureError(f"{url}: unreachable ({type(exc).__name__}: {exc})") from None
+            continue
+        if message.startswith("HTTP "):
+            raise InfrastructureError(f"{url}: {message[:200]}") from None
+        raise InfrastructureError(f"{url}: unreachable ({message})") from None
 
 
 async def describe(base_url: str, api_key: str, timeout: float = 30.0, patience: float | None = None) -> dict[str, Any]:
     """Everything the server reports about itself. Unreachable → InfrastructureError; a server that
     does not answer in `timeout` is asked again, with longer waits, for up to `patience` seconds."""
-    root = server_root(base_url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
-        response = await _models(client, f"{base_url.rstrip('/')}/models", timeout, patience or timeout)
-        if response.status_code != 200:
-            raise InfrastructureError(f"{base_url}/models: HTTP {response.status_code}: {redact(response.text)[:200]}")
+    transport = Transport(base_url, api_key, timeout)
+    try:
+        listed = await _models(transport, f"{base_url.rstrip('/')}/models", timeout, patience or timeout)
         try:
-            models = [m["id"] for m in response.json().get("data", [])]
-        except (ValueError, KeyError, TypeError, AttributeError):
+            models = [m["id"] for m in listed.get("data", [])]
+        except (KeyError, TypeError, AttributeError):
             raise InfrastructureError(f"{base_url}/models: not an OpenAI model list") from None
         info: dict[str, Any] = {"models": models}
-        server_info = await _get(client, f"{root}/get_server_info")
+        server_info = await _optional(lambda: transport.get_json("/get_server_info", at_root=True))
         if server_info is None:  # SGLang 2026 renamed it /server_info (the old name deprecated)
-            server_info = await _get(client, f"{root}/server_info")
+            server_info = await _optional(lambda: transport.get_json("/server_info", at_root=True))
         if server_info is not None:
-            try:
-                si = redact_json(server_info.json())
-                if isinstance(si, dict):  # SGLang's lists its server args, keys among them: never stored
-                    si = {k: ("***" if "api_key" in k and v else v) for k, v in si.items()}
-                info["server_info"] = si
-            except ValueError:
-                pass
-        metrics = await _get(client, f"{root}/metrics")
-        parsed: dict[str, list[tuple[dict[str, str], float]]] = {}
-        if metrics is not None:
-            parsed = parse_prometheus(metrics.text)
-            info["metrics_available"] = True
-            vllm_dtype = kv_dtype_from_metrics(parsed)
-            if vllm_dtype is not None:
-                info["vllm_cache_dtype"] = vllm_dtype
-            vllm_capacity = kv_capacity_from_metrics(parsed)
-            if vllm_capacity is not None:
-                info["vllm_kv_capacity_tokens"] = vllm_capacity
+            si = redact_json(server_info)
+            if isinstance(si, dict):  # SGLang's lists its server args, keys among them: never stored
+                si = {k: ("***" if "api_key" in k and v else v) for k, v in si.items()}
+            info["server_info"] = si
+        metrics = await _optional(lambda: transport.get_text("/metrics", at_root=True))
+    finally:
+        await transport.aclose()
+    parsed: dict[str, list[tuple[dict[str, str], float]]] = {}
+    if metrics is not None:
+        parsed = parse_prometheus(metrics)
+        info["metrics_available"] = True
+        vllm_dtype = kv_dtype_from_metrics(parsed)
+        if vllm_dtype is not None:
+            info["vllm_cache_dtype"] = vllm_dtype
+        vllm_capacity = kv_capacity_from_metrics(parsed)
+        if vllm_capacity is not None:
+            info["vllm_kv_capacity_tokens"] = vllm_capacity
     info["kv_cache_dtype"] = reported_kv_dtype(info)
     info["kv_capacity_tokens"] = reported_kv_capacity(info)
     info["engine"] = engine_of(info, parsed)
@@ -215,7 +172,7 @@ def engine_of(info: dict[str, Any], metrics: dict[str, list[tuple[dict[str, str]
 def speaks_token_ids(info: dict[str, Any]) -> bool:
     """Engines known to return generated tokens as ids on request and to score token-id prompts:
     vLLM (`return_tokens_as_token_ids`, echo of a token-id prompt), kvqual serve (vLLM's shapes),
-    SGLang (`return_token_ids`, native /generate with `input_ids`: compare/sglang.py)."""
+    SGLang (`return_token_ids`, native /generate with `input_ids`: forcing/sglang.py)."""
     return info.get("engine") in ("vllm", "kvqual", "sglang")
 
 
@@ -228,11 +185,13 @@ def reported_kv_dtype(info: dict[str, Any]) -> str | None:
 
 
 async def flush_cache(base_url: str, api_key: str, timeout: float = 30.0) -> bool:
-    """SGLang's POST /flush_cache; True when the server flushed."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
-        try:
-            response = await client.post(f"{server_root(base_url)}/flush_cache")
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+    """SGLang's POST /flush_cache; True when the server flushed. Not retried: a server that does not
+    answer it does not offer it."""
+    transport = Transport(base_url, api_key, timeout)
+    try:
+        await transport.send("POST", "/flush_cache", at_root=True)
+        return True
+    except Exception:  # noqa: BLE001 - any failure: nothing was flushed
+        return False
+    finally:
+        await transport.aclose()

@@ -4,12 +4,9 @@ The work list is (item, repeat) units in a seeded shuffled order (the same order
 arm; plan.py), minus the units the run folder already answered. N workers pull from one iterator, so
 memory stays constant in the number of answers; each answer is appended to disk at once.
 
-Retries and reconnects are counted apart. A retry is another attempt after a real failure (a
-429, a 5xx, a timeout, a refused connection), with backoff, within `retries`. A reconnect is a
-request sent again at once because the server closed the connection before any byte of the
-response: what a keep-alive connection the server timed out looks like when it is reused. The
-client does not say whether the connection was a reused one, so every close-before-response
-counts as a reconnect, up to MAX_RECONNECTS per request; beyond that it is a failed attempt.
+Each request is sent under the one retry policy (`retry.RetryPolicy`): retries after transient
+failures, and reconnects, which spend no attempt, after a server closed a kept-alive connection
+before responding. The run counts both apart (`RunStats`, the manifest's counts).
 """
 
 from __future__ import annotations
@@ -24,16 +21,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kvqual import __version__
-from kvqual.client import (Answer, FailureInfo, Transport, backoff_delay, causes, chat_payload, classify,
-                           completion_payload, inter_token_latency, merge_chat_stream, merge_completion_stream,
-                           parse_chat, parse_completion)
+from kvqual.client import (Answer, chat_payload, completion_payload, inter_token_latency, merge_chat_stream,
+                           merge_completion_stream, parse_chat, parse_completion)
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.plan import RunPlan, Unit, cache_waves, plan_units
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
+from kvqual.retry import RetryPolicy
 from kvqual.store import FLUSH_SECONDS, RunLock, RunStore, answered_keys, failure_summary
 from kvqual.suites import LoadedSuite
 from kvqual.telemetry import Scraper
+from kvqual.transport import Transport
 
 
 @dataclass
@@ -48,25 +46,6 @@ class RunStats:
     reconnects: int = 0  # requests sent again after the server closed the connection unanswered
 
 
-MAX_RECONNECTS = 2  # per request; a server that keeps closing on it is failing, not timing out idle connections
-CLOSED_BEFORE_RESPONSE = "connection error: the server closed the connection before responding"
-
-
-def closed_before_response(exc: BaseException) -> bool:
-    """Did the server close the connection cleanly before any byte of the response? With the openai
-    client on aiohttp that is a ServerDisconnectedError with no partial response (which the SDK
-    reports as a timeout); on httpx, RemoteProtocolError "Server disconnected without sending a
-    response". A refused connection (server down), a reset (what a crashed server's socket sends)
-    or a close mid-body is a failure, not this."""
-    for cause in causes(exc):
-        name = type(cause).__name__
-        if name == "ServerDisconnectedError":
-            return getattr(cause, "message", None) in (None, "Server disconnected")
-        if name == "RemoteProtocolError":
-            return "without sending a response" in str(cause)
-    return False
-
-
 async def request_one(transport: Transport, item: Item, repeat: int, params: GenerationParams, model: str,
                       retries: int, rng: random.Random, cache_salt: str | None = None) -> tuple[Sample, int]:
     """One item, retried on transient failures; a final failure is recorded, never answered.
@@ -78,47 +57,38 @@ async def request_one(transport: Transport, item: Item, repeat: int, params: Gen
     else:
         path, body, parse = ("/completions", completion_payload(item, params, model, repeat, cache_salt),
                              parse_completion)
-    attempts = reconnects = 0
-    while True:
-        attempts += 1
-        started = time.time()
-        t0 = time.perf_counter()
+    chat = item.api == "chat"
+    started, t0 = time.time(), time.perf_counter()
+
+    async def attempt() -> tuple[Answer, float | None, float | None]:
+        nonlocal started, t0  # what a sample records is its last attempt's start and latency
+        started, t0 = time.time(), time.perf_counter()
         ttft = itl = None
-        try:
-            if params.stream:
-                chunks, ttft, last = await transport.post_stream(path, body, chat=item.api == "chat")
-                data = merge_chat_stream(chunks) if item.api == "chat" else merge_completion_stream(chunks)
-            else:
-                data = await transport.post_json(path, body)
-            answer: Answer = parse(data, params.top_logprobs, transport.base_url)
-            if params.stream:
-                n = answer.completion_tokens or (len(answer.logprobs.tokens) if answer.logprobs else None)
-                itl = inter_token_latency(ttft, last, n)
-        except ServerContractError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified below; never swallowed silently
-            closed = closed_before_response(exc)
-            if closed and reconnects < MAX_RECONNECTS:
-                reconnects += 1
-                attempts -= 1  # at once, on a new connection: the request was never answered
-                continue
-            info = classify(exc)
-            if closed:  # the SDK calls it a timeout; say what happened
-                info = FailureInfo(True, f"{CLOSED_BEFORE_RESPONSE} (after {reconnects} reconnects)")
-            if info.transient and attempts <= retries:
-                await asyncio.sleep(backoff_delay(attempts - 1, rng, retry_after=info.retry_after))
-                continue
-            return Sample(id=item.id, suite=item.suite, repeat=repeat, text=None, finish_reason=None,
-                          completion_tokens=None, error=info.message, latency_s=time.perf_counter() - t0,
-                          started_at=started, attempts=attempts, base_url=transport.base_url,
-                          context_id=item.context_id, prompt_hash=item.prompt_hash), reconnects
-        return Sample(
-            id=item.id, suite=item.suite, repeat=repeat, text=answer.text, finish_reason=answer.finish_reason,
-            completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
-            latency_s=time.perf_counter() - t0, started_at=started, attempts=attempts, logprobs=answer.logprobs,
-            score=_score(item, answer.text), base_url=transport.base_url, context_id=item.context_id,
-            ttft_s=ttft, itl_s=itl, cached_tokens=answer.cached_tokens, prompt_hash=item.prompt_hash,
-        ), reconnects
+        if params.stream:
+            chunks, ttft, last = await transport.post_stream(path, body, chat=chat)
+            data = merge_chat_stream(chunks) if chat else merge_completion_stream(chunks)
+        else:
+            data = await transport.post_json(path, body)
+        answer: Answer = parse(data, params.top_logprobs, transport.base_url)
+        if params.stream:
+            n = answer.completion_tokens or (len(answer.logprobs.tokens) if answer.logprobs else None)
+            itl = inter_token_latency(ttft, last, n)
+        return answer, ttft, itl
+
+    sent = await RetryPolicy(retries).send(attempt, rng)
+    if sent.failure is not None:
+        return Sample(id=item.id, suite=item.suite, repeat=repeat, text=None, finish_reason=None,
+                      completion_tokens=None, error=sent.failure.message, latency_s=time.perf_counter() - t0,
+                      started_at=started, attempts=sent.attempts, base_url=transport.base_url,
+                      context_id=item.context_id, prompt_hash=item.prompt_hash), sent.reconnects
+    answer, ttft, itl = sent.value  # type: ignore[misc] - answered: the value is there
+    return Sample(
+        id=item.id, suite=item.suite, repeat=repeat, text=answer.text, finish_reason=answer.finish_reason,
+        completion_tokens=answer.completion_tokens, error=None, prompt_tokens=answer.prompt_tokens,
+        latency_s=time.perf_counter() - t0, started_at=started, attempts=sent.attempts, logprobs=answer.logprobs,
+        score=_score(item, answer.text), base_url=transport.base_url, context_id=item.context_id,
+        ttft_s=ttft, itl_s=itl, cached_tokens=answer.cached_tokens, prompt_hash=item.prompt_hash,
+    ), sent.reconnects
 
 
 def _score(item: Item, text: str) -> float | None:

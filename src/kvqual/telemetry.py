@@ -15,9 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import httpx
-
-from kvqual.probe import parse_prometheus, server_root
+from kvqual.probe import parse_prometheus
+from kvqual.transport import Transport
 
 Parsed = Mapping[str, list[tuple[dict[str, str], float]]]
 
@@ -114,7 +113,8 @@ def summarize(first: Mapping[str, float], last: Mapping[str, float], gauges: Map
 
 @dataclass
 class Scraper:
-    """Polls `/metrics` of each base URL during a run; `summary()` merges replicas."""
+    """Polls `/metrics` of each base URL during a run; `summary()` merges replicas. A scrape that
+    fails is not retried: the next one comes `interval_s` later."""
 
     base_urls: tuple[str, ...]
     api_key: str = ""
@@ -128,21 +128,18 @@ class Scraper:
     _t0: float | None = None
     _t1: float | None = None
     _task: asyncio.Task | None = None
-    _client: httpx.AsyncClient | None = None
+    _transports: dict[str, Transport] | None = None
 
     async def _scrape(self) -> None:
-        assert self._client is not None
+        assert self._transports is not None
         now = time.perf_counter()
         totals: dict[str, float] = {}
         answered = False
-        for url in self.base_urls:
-            try:
-                response = await self._client.get(f"{server_root(url)}/metrics")
-            except httpx.HTTPError:
+        for url, transport in self._transports.items():
+            text = await metrics_text(transport)
+            if text is None:
                 continue
-            if response.status_code != 200:
-                continue
-            parsed = parse_prometheus(response.text)
+            parsed = parse_prometheus(text)
             self._source = self._source or source_of(parsed)
             snap = snapshot(parsed)
             if not snap:
@@ -167,8 +164,7 @@ class Scraper:
             await self._scrape()
 
     async def start(self) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=headers)
+        self._transports = {url: Transport(url, self.api_key, self.timeout_s) for url in self.base_urls}
         await self._scrape()
         if self._scrapes:
             self._task = asyncio.create_task(self._loop())
@@ -183,16 +179,25 @@ class Scraper:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():  # this task's own cancellation arrived meanwhile
                     raise
-        if self._client is None:
+        if self._transports is None:
             return None
         if self._scrapes:
             await self._scrape()
-        await self._client.aclose()
+        for transport in self._transports.values():
+            await transport.aclose()
         if not self._scrapes or self._t0 is None or self._t1 is None:
             return None
         first = _merge(self._first.values())
         last = _merge(self._last[u] for u in self._first)
         return summarize(first, last, self._gauges, self._t1 - self._t0, self._source, self._scrapes)
+
+
+async def metrics_text(transport: Transport) -> str | None:
+    """A server's Prometheus `/metrics`, sent once; None when it does not answer it."""
+    try:
+        return await transport.get_text("/metrics", at_root=True)
+    except Exception:  # noqa: BLE001 - not offered, or not now: the figures are optional
+        return None
 
 
 def _merge(snaps: Any) -> dict[str, float]:

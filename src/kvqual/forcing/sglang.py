@@ -37,13 +37,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import httpx
-
-from kvqual.client import TOKEN_ID_PREFIX, classify, decode_json
+from kvqual.client import TOKEN_ID_PREFIX
+from kvqual.errors import ServerContractError
 from kvqual.forced import FAILED
 from kvqual.forcing.teacher import TeacherForcer
-from kvqual.errors import ServerContractError
-from kvqual.probe import server_root
 from kvqual.records import TokenLogprobs
 
 
@@ -101,20 +98,8 @@ class SglangForcer(TeacherForcer):
     async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
         """Logprobs of every position of `ids` (position 0 None), tokens as ids; or why not (a request
         that failed for good). A malformed answer is a contract error, as in the base."""
-        http, url = self._client(), f"{server_root(self.base_url)}/generate"
         body = score_payload(ids, self.top_logprobs)
-
-        async def post() -> Any:
-            response = await http.post(url, json=body)
-            response.raise_for_status()
-            return decode_json(response.content, self.base_url)  # NaN/Infinity refused, as for every answer
-
-        try:
-            data = await self._retrying(post)
-        except ServerContractError:
-            raise
-        except httpx.HTTPStatusError as exc:  # "HTTP 4xx: body", with any key scrubbed before the cut
-            return f"{FAILED}: {classify(exc).message}"
-        except Exception as exc:  # noqa: BLE001 - recorded as a failure with its reason
-            return f"{FAILED}: {classify(exc).message}"
-        return parse_scores(data, self.top_logprobs, self.base_url)
+        sent = await self._send(lambda: self.transport.post_json("/generate", body, at_root=True))  # NaN refused
+        if sent.failure is not None:
+            return f"{FAILED}: {sent.failure.message}"  # "HTTP 4xx: body", with any key scrubbed before the cut
+        return parse_scores(sent.value, self.top_logprobs, self.base_url)  # type: ignore[arg-type]

@@ -32,15 +32,16 @@ import itertools
 import math
 import random
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-import httpx
-
-from kvqual.client import Transport, backoff_delay, classify, echo_payload, parse_echo
-from kvqual.errors import EchoDisagreement, InvalidResponse, ServerContractError
+from kvqual.client import echo_payload, parse_echo
+from kvqual.errors import EchoDisagreement
 from kvqual.forced import FAILED, Forced, ForcedWriter, load_forced, one_writer
-from kvqual.probe import server_root
 from kvqual.records import Item, Sample, TokenLogprobs, refused_limit
+from kvqual.retry import RetryPolicy, Sent
+from kvqual.transport import Transport
+
+T = TypeVar("T")
 
 # nats. Echo re-scores the server's own greedy output in one prefill; with per-request fp8 scales
 # calibrated on what is prefilled (prompt vs prompt + completion) the two legitimately differ:
@@ -111,17 +112,20 @@ def completion_slice(echo: TokenLogprobs, prompt_len: int, generated: TokenLogpr
 
 
 class TeacherForcer:
-    """Echo-scores prompt + completion on one server (completions API, text prompts)."""
+    """Echo-scores prompt + completion on one server (completions API, text prompts). Every request
+    (echo, /tokenize, /v1/models) goes through its one transport under the runner's retry policy;
+    `requests`, `retried` (attempts after a failure) and `reconnects` count what they cost."""
 
     def __init__(self, base_url: str, api_key: str, model: str, top_logprobs: int, timeout: float,
                  concurrency: int, retries: int = 5) -> None:
         self.base_url, self.api_key, self.model = base_url, api_key, model
         self.top_logprobs, self.timeout, self.retries = top_logprobs, timeout, retries
         self.transport = Transport(base_url, api_key, timeout)
+        self.policy = RetryPolicy(retries)
         self.semaphore = asyncio.Semaphore(concurrency)  # every request of this forcer, /tokenize included
         self._rendered: dict[str, asyncio.Task] = {}  # one /tokenize per item, however many passes ask
-        self._http: httpx.AsyncClient | None = None
         self._rng = random.Random(0)
+        self.requests = self.retried = self.reconnects = 0  # requests sent, attempts after a failure, reconnects
         self.salt: str | None = None  # set: every echo carries a cache_salt of its own (`salted`)
         self._salts = itertools.count()
         self._limit: asyncio.Task | None = None  # the server's max_model_len, asked once
@@ -146,11 +150,8 @@ class TeacherForcer:
         return self.max_prompt if self.max_prompt is not None else reported
 
     async def _models_limit(self) -> int | None:
-        try:
-            r = await self._retrying(lambda: self._client().get(f"{self.base_url.rstrip('/')}/models"))
-            data = r.json().get("data") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return None
+        sent = await self._send(lambda: self.transport.get_json("/models"))
+        data = sent.value.get("data") if isinstance(sent.value, Mapping) else None
         for model in data if isinstance(data, list) else []:
             n = model.get("max_model_len") if isinstance(model, Mapping) else None
             if isinstance(n, int) and not isinstance(n, bool) and n > 1 and (
@@ -165,38 +166,24 @@ class TeacherForcer:
         self.salt = prefix
         return self
 
-    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """`call` under the concurrency bound, retried on transient failures (resets, 429, 5xx,
-        timeouts) like the runner's requests; the last failure is raised."""
-        attempt = 0
-        while True:
-            try:
-                async with self.semaphore:
-                    return await call()
-            except ServerContractError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - classified; a final failure is raised to the caller
-                info = classify(exc)
-                if not info.transient or attempt >= self.retries:
-                    raise
-                await asyncio.sleep(backoff_delay(attempt, self._rng, retry_after=info.retry_after))
-                attempt += 1
+    async def _send(self, call: Callable[[], Awaitable[T]]) -> Sent[T]:
+        """`call` under the concurrency bound (not held while backing off) and the retry policy:
+        a close before any response is a reconnect, transient failures are retried."""
+        async def bounded() -> T:
+            async with self.semaphore:
+                return await call()
+
+        sent = await self.policy.send(bounded, self._rng)
+        self.requests += 1
+        self.retried += sent.attempts - 1
+        self.reconnects += sent.reconnects
+        return sent
 
     async def _tokenize(self, body: dict[str, Any]) -> list[int] | None:
         """vLLM's POST /tokenize → its `tokens` (ids); None when the server does not offer it."""
-        http = self._client()
-
-        async def post() -> httpx.Response:
-            r = await http.post(f"{server_root(self.base_url)}/tokenize", json={"model": self.model, **body})
-            if r.status_code >= 500 or r.status_code == 429:
-                r.raise_for_status()
-            return r
-
-        try:
-            r = await self._retrying(post)
-            tokens = r.json().get("tokens") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return None
+        sent = await self._send(lambda: self.transport.post_json("/tokenize", {"model": self.model, **body},
+                                                                 at_root=True))
+        tokens = sent.value.get("tokens") if isinstance(sent.value, Mapping) else None
         if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             return tokens
         return None
@@ -250,18 +237,17 @@ class TeacherForcer:
         """Echo-score `prompt` on /v1/completions: its per-position logprobs, or why not (a request
         that failed for good, or an answer that is not data: a string starting with FAILED, so the
         next pass asks again)."""
-        try:
-            body = echo_payload(prompt, self.model, self.top_logprobs)
-            if self.salt is not None:
-                body["cache_salt"] = f"{self.salt}:{next(self._salts)}"
-            data = await self._retrying(lambda: self.transport.post_json("/completions", body))
-            return parse_echo(data, self.base_url)
-        except ServerContractError:
-            raise
-        except InvalidResponse as exc:  # one bad answer fails its item, never the compare
-            return f"{FAILED}: invalid response: {exc}"
-        except Exception as exc:  # noqa: BLE001 - recorded as a failure with its reason
-            return f"{FAILED}: {classify(exc).message}"
+        body = echo_payload(prompt, self.model, self.top_logprobs)
+        if self.salt is not None:
+            body["cache_salt"] = f"{self.salt}:{next(self._salts)}"
+
+        async def echo() -> TokenLogprobs:  # an answer that is not data fails like a request: not retried
+            return parse_echo(await self.transport.post_json("/completions", body), self.base_url)
+
+        sent = await self._send(echo)
+        if sent.failure is not None:
+            return f"{FAILED}: {sent.failure.message}"
+        return sent.value  # type: ignore[return-value] - answered: the value is there
 
     async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
         """Logprobs of every position of a token-id prompt (position 0 may be None), tokens as ids;
@@ -269,13 +255,6 @@ class TeacherForcer:
         `echo`, `logprobs` and `return_tokens_as_token_ids`. Engines with their own scoring
         endpoint override this (SGLang's native /generate)."""
         return await self._echo(ids)
-
-    def _client(self) -> httpx.AsyncClient:
-        """The plain HTTP client for engine-native endpoints (/tokenize, SGLang's /generate)."""
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout,
-                                           headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
-        return self._http
 
     async def _force_ids(self, sample: Sample, prompt: list[int], completion: list[int]) -> Forced:
         """Score prompt ids + the generated ids as token-id prompts; the completion is the positions
@@ -335,8 +314,6 @@ class TeacherForcer:
 
     async def aclose(self) -> None:
         await self.transport.aclose()
-        if self._http is not None:
-            await self._http.aclose()
 
 
 def _concat(parts: list[TokenLogprobs]) -> TokenLogprobs:

@@ -22,16 +22,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-import httpx
-
-from kvqual.client import Transport, backoff_delay
 from kvqual.config import Target
 from kvqual.errors import InfrastructureError
-from kvqual.probe import parse_prometheus, server_root
+from kvqual.probe import parse_prometheus
 from kvqual.records import GenerationParams, Item
 from kvqual.plan import item_order
+from kvqual.retry import backoff_delay
 from kvqual.runner import request_one
-from kvqual.telemetry import snapshot, source_of
+from kvqual.telemetry import metrics_text, snapshot, source_of
+from kvqual.transport import Transport
 
 SCRAPE_INTERVAL_S = 1.0
 PROGRESS_EVERY_S = 15.0
@@ -104,17 +103,14 @@ def cycle_items(items: tuple[Item, ...], seed: int) -> Iterator[tuple[Item, int]
         passes += 1
 
 
-async def _scrape_once(client: httpx.AsyncClient, base_urls: tuple[str, ...]) -> tuple[dict[str, float], str | None]:
+async def _scrape_once(scrapers: list[Transport]) -> tuple[dict[str, float], str | None]:
     merged: dict[str, float] = {}
     source = None
-    for url in base_urls:
-        try:
-            response = await client.get(f"{server_root(url)}/metrics")
-        except httpx.HTTPError:
+    for transport in scrapers:
+        text = await metrics_text(transport)
+        if text is None:
             continue
-        if response.status_code != 200:
-            continue
-        parsed = parse_prometheus(response.text)
+        parsed = parse_prometheus(text)
         source = source or source_of(parsed)
         for key, value in snapshot(parsed).items():
             if key == "kv_usage":
@@ -133,7 +129,7 @@ async def drive(target: Target, items: tuple[Item, ...], params: GenerationParam
     server."""
     prompts = cycle_items(tuple(replace(i, max_tokens=None) for i in items), params.seed)
     transports = [Transport(u, target.api_key(), timeout_s) for u in target.base_urls]
-    scraper = httpx.AsyncClient(timeout=5.0, headers={"Authorization": f"Bearer {target.api_key()}"})
+    scrapers = [Transport(u, target.api_key(), 5.0) for u in target.base_urls]  # /metrics, sent once each
     requests: list[LoadRequest] = []
     scrapes: list[Scrape] = []
     source: list[str | None] = [None]
@@ -178,7 +174,7 @@ async def drive(target: Target, items: tuple[Item, ...], params: GenerationParam
 
     async def poll() -> None:
         while True:
-            values, src = await _scrape_once(scraper, target.base_urls)
+            values, src = await _scrape_once(scrapers)
             source[0] = source[0] or src
             if values:
                 scrapes.append(Scrape(now(), values))
@@ -211,7 +207,7 @@ async def drive(target: Target, items: tuple[Item, ...], params: GenerationParam
         if raised:
             raise raised[0]
         drained = now()
-        values, _ = await _scrape_once(scraper, target.base_urls)  # a last reading after the drain
+        values, _ = await _scrape_once(scrapers)  # a last reading after the drain
         if values:
             scrapes.append(Scrape(drained, values))
     finally:
@@ -219,8 +215,7 @@ async def drive(target: Target, items: tuple[Item, ...], params: GenerationParam
             if task is not None:
                 task.cancel()
         await asyncio.gather(*(t for t in (*workers, poller, reporter) if t is not None), return_exceptions=True)
-        await scraper.aclose()
-        for t in transports:
+        for t in (*scrapers, *transports):
             await t.aclose()
     if abort:
         raise abort[0]
