@@ -389,3 +389,23 @@ def test_a_budget_stops_before_a_look_it_cannot_afford_and_prices_it(tmp_path, f
     assert seq["next_look"] is None and [x["items"] for x in seq["looks"]] == [124, 300], r.stdout + r.stderr
     level = report_of(tmp_path)["verdict"]["criteria"][0]["level"]
     assert seq["planned"] == [124, 300] and seq["nominal_alpha"] == pytest.approx(level, abs=1e-6) and level < 0.05
+
+
+def test_credentials_in_a_base_url_never_reach_the_disk(tmp_path, fake_server):
+    """`base_url = "http://user:password@host/v1"` is how some gateways take credentials: the requests
+    carry them, but no file under the results (manifests, samples, teacher files, reports) does."""
+    base, cand = setup(tmp_path, fake_server, [], n=24)
+    secret = "s3cret-gateway-pass"
+    toml = (tmp_path / "kvqual.toml").read_text()
+    for server in (base, cand):
+        toml = toml.replace(server.base_url, server.base_url.replace("://", f"://kvq:{secret}@"))
+    (tmp_path / "kvqual.toml").write_text(toml)
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n")
+    assert r.returncode in (0, 3), r.stdout + r.stderr  # answered: the credentials went out as basic auth
+    assert secret not in r.stdout + r.stderr
+    written = [p for p in (tmp_path / "results").rglob("*") if p.is_file()]
+    assert any(p.name == "samples.jsonl" for p in written)
+    leaks = [str(p) for p in written if secret.encode() in p.read_bytes()]
+    assert not leaks, leaks
+    manifest = json.loads(next((tmp_path / "results").glob("base-*/manifest.json")).read_text())
+    assert manifest["base_urls"] == [base.base_url]  # the URL without its user:password@

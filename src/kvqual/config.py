@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
 
 from kvqual.errors import ConfigError, register_secret
+from kvqual.records import public_url
 
 if TYPE_CHECKING:
     from kvqual.gate import GatePolicy
@@ -79,7 +80,7 @@ class Target:
             return dict(self.pinned_identity)
         out = {
             "name": self.name,
-            "base_urls": list(self.base_urls),
+            "base_urls": [public_url(u) for u in self.base_urls],
             "model": self.model,
             "launch": self.launch,
             "kv_cache_dtype": self.kv_cache_dtype,
@@ -193,6 +194,7 @@ def _parse_target(path: str, name: str, table: Any) -> Target:
     for u in raw_urls:
         _check_type(path, f"{prefix}.base_url", u, (str,))
         urls.append(_check_url(path, f"{prefix}.base_url", u))
+        register_secret(urlparse(u.replace("{port}", "1")).password)  # user:password@host: never in a message
     dtype = table.get("kv_cache_dtype")
     if dtype is not None and not KV_CACHE_DTYPE_PATTERN.fullmatch(dtype):
         raise ConfigError(path, f"{prefix}.kv_cache_dtype",

@@ -207,6 +207,7 @@ class Sample:
         `logprobs=False`: the line with `"logprobs": null` (they go to the token file), as
         `replace(self, logprobs=None).to_json()` without making that copy."""
         out = {name: getattr(self, name) for name in _SAMPLE_FIELDS}
+        out["base_url"] = public_url(self.base_url)
         out["logprobs"] = self.logprobs.to_json() if logprobs and self.logprobs is not None else None
         return out
 
@@ -299,7 +300,7 @@ class RunManifest:
         out = dataclasses.asdict(self)
         out["params"] = self.params.to_json()
         out["suites"] = [s.to_json() for s in self.suites]
-        out["base_urls"] = list(self.base_urls)
+        out["base_urls"] = [public_url(u) for u in self.base_urls]
         return out
 
     @classmethod
@@ -310,6 +311,16 @@ class RunManifest:
         kwargs["suites"] = tuple(SuiteRef(**s) for s in data["suites"])
         kwargs["base_urls"] = tuple(data["base_urls"])
         return cls(**kwargs)
+
+
+def public_url(url: str | None) -> str | None:
+    """`url` without the `user:password@` a base_url may carry: the form kvqual writes to disk and
+    prints (the credentials stay in the config, and in the requests)."""
+    if not url or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}" if sep else url
 
 
 def dumps_line(obj: Mapping[str, Any]) -> str:

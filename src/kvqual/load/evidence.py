@@ -23,6 +23,7 @@ import numpy as np
 from kvqual.errors import LoadFileError
 from kvqual.gate.inputs import SteadySpeed
 from kvqual.load import stats
+from kvqual.records import public_url
 
 LOAD_JSON = "load.json"
 RATIO_TOLERANCE = 1e-3  # relative: the ratio recomputed from the stored batch means (2 decimals) vs load.json's
@@ -111,7 +112,8 @@ class LoadEvidence:
             if target.model is not None:
                 checks.append(("model", arm.get("model"), target.model))
             if not target.launch:
-                checks.append(("base_urls", list(arm.get("base_urls") or []), list(target.base_urls)))
+                checks.append(("base_urls", [public_url(u) for u in arm.get("base_urls") or []],
+                               [public_url(u) for u in target.base_urls]))
             self._compare(target.name, checks, "the config now says")
 
     def check_served(self, baseline: Any, candidate: Any) -> None:
@@ -129,7 +131,8 @@ class LoadEvidence:
                       ("engine", arm.get("engine"), m.server_info.get("engine"))]
             identity = arm.get("identity")
             if isinstance(identity, Mapping) and not identity.get("launch") and "builtin" not in identity:
-                checks.append(("base_urls", list(arm.get("base_urls") or []), list(m.base_urls)))
+                checks.append(("base_urls", [public_url(u) for u in arm.get("base_urls") or []],
+                               [public_url(u) for u in m.base_urls]))
             self._compare(m.target, checks, "this compare's run has", skip_unknown=True)
 
     def _compare(self, name: str, checks: list[tuple[str, Any, Any]], now: str, skip_unknown: bool = False) -> None:

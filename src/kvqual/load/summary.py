@@ -18,6 +18,7 @@ import numpy as np
 
 from kvqual.load import stats
 from kvqual.load.drive import Driven, LoadRequest
+from kvqual.records import public_url
 
 FORMAT_VERSION = 1
 SATURATED_QUEUE_MEAN = 1.0  # on average at least one request waits: the server runs all it can
@@ -107,7 +108,7 @@ def summarize_arm(name: str, info: dict[str, Any], model: str, expected_kv_dtype
         notes.append(f"not saturated: on average {server['waiting_mean']:g} requests queued (< "  # type: ignore[index]
                      f"{SATURATED_QUEUE_MEAN:g}); at concurrency {concurrency} its capacity was not the limit")
     return {
-        "target": name, "identity": identity, "model": model, "base_urls": list(info.get("base_urls") or []),
+        "target": name, "identity": identity, "model": model, "base_urls": [public_url(u) for u in info.get("base_urls") or []],
         "engine": info.get("engine"), "kv_cache_dtype": {"expected": expected_kv_dtype,
                                                          "reported": info.get("kv_cache_dtype")},
         "kv_capacity_tokens": info.get("kv_capacity_tokens"),
