@@ -26,7 +26,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("kvqual.plan", "kvqual.report"),                                           # the seeded order; rendering
     ("kvqual.judge",),                                                          # pure over the files
     ("kvqual.client", "kvqual.retry", "kvqual.bodies", "kvqual.transport"),     # the transport
-    ("kvqual.probe", "kvqual.telemetry", "kvqual.launch"),                      # what a server is
+    ("kvqual.probe", "kvqual.telemetry", "kvqual.launch", "kvqual.watchdog"),   # what a server is
     ("kvqual.runner", "kvqual.forcing", "kvqual.load.drive", "kvqual.load.summary",
      "kvqual.load.evidence"),                                                   # spending server time
     ("kvqual.commands", "kvqual.compare", "kvqual.load"),                       # orchestration

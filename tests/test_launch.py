@@ -78,14 +78,58 @@ def test_ctrl_c_during_a_comparison_stops_the_launched_server(tmp_path):
     assert 0 < len(answered) < 200  # what was answered before Ctrl-C is kept for the resume
 
 
-def test_a_launched_servers_log_loses_the_api_key(tmp_path):
-    """Engines log their arguments (vLLM: `api_key=[...]`); the log kept under results/ must not."""
-    from kvqual.errors import register_secret
-    from kvqual.launch import scrub_log
-
-    register_secret("sk-launch-log-0123456789")
+def test_the_watchdog_writes_the_log_scrubbed_as_lines_arrive(tmp_path):
+    """Engines log their arguments (vLLM: `api_key=[...]`); the log kept under results/ must not, at
+    any moment: the watchdog scrubs each line before it reaches the disk."""
+    read_end, write_end = os.pipe()
     log = tmp_path / "a.log"
-    log.write_bytes(b"INFO args: api_key=['sk-launch-log-0123456789'] \xff\nready\n")
-    scrub_log(log)
+    keeper = subprocess.Popen([sys.executable, "-m", "kvqual.watchdog", "--pgid", "999999999", "--fd", str(read_end),
+                               "--log", str(log), "--grace", "1"], stdin=subprocess.PIPE, pass_fds=(read_end,))
+    os.close(read_end)
+    keeper.stdin.write(json.dumps({"secrets": ["sk-launch-log-0123456789"]}).encode() + b"\n")
+    keeper.stdin.flush()
+    os.write(write_end, b"INFO args: api_key=['sk-launch-log-0123456789'] \xff\n")
+    os.write(write_end, b"ready\n")
+    os.close(write_end)
+    keeper.stdin.close()
+    assert keeper.wait(timeout=30) == 0
     assert log.read_bytes() == b"INFO args: api_key=['***'] \xff\nready\n"  # other bytes kept as they were
-    scrub_log(tmp_path / "missing.log")  # no log: nothing to do
+
+
+def test_kill_9_leaves_no_launched_server_and_no_key_on_disk(tmp_path):
+    """kvqual killed outright (a CI runner's SIGKILL) mid-run: its watchdog stops the launched server,
+    and neither the launch log nor any file under results/ holds the configured key."""
+    import signal
+    import time
+
+    key = "sk-kill9-secret-0123456789"
+    write_suite(tmp_path / "s.jsonl", [{"id": f"q{i}", "prompt": f"Q{i} [[answer={i}]]"} for i in range(200)])
+    py = sys.executable
+    (tmp_path / "kvqual.toml").write_text(  # the launch command logs the key, as engines log their arguments
+        f'[run]\nconcurrency = 2\n[targets.a]\nbase_url = "http://127.0.0.1:{{port}}/v1"\napi_key_env = "KVQ_KILL9_KEY"\n'
+        f'launch = "sh -c \'echo api_key={key}; exec {py} {FAKE} --port {{port}} --delay 0.5\'"\n'
+        f'[targets.b]\nbase_url = "http://127.0.0.1:1/v1"\n')
+    proc = subprocess.Popen([py, "-m", "kvqual", "compare", "a", "b", "--suite", "s.jsonl"], cwd=tmp_path,
+                            env={**os.environ, "CI": "true", "KVQ_KILL9_KEY": key}, stderr=subprocess.PIPE, text=True)
+    started = proc.stderr.readline()
+    assert key not in started  # the "starting" line is scrubbed too
+    port = int(started.split("--port ")[1].split()[0])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # mid-run: an answer is on disk
+        files = list((tmp_path / "results").glob("a-*/samples.jsonl"))
+        if files and files[0].read_text().strip():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    def left() -> list[str]:
+        return subprocess.run(["pgrep", "-f", f"{FAKE} --port {port}"], capture_output=True, text=True).stdout.split()
+
+    deadline = time.monotonic() + 40  # the watchdog's SIGTERM, then the server's own shutdown
+    while time.monotonic() < deadline and (left() or not port_is_free(port)):
+        time.sleep(0.2)
+    assert not left() and port_is_free(port), "the launched server outlived kill -9"
+    logs = list((tmp_path / "results" / "launch-logs").glob("a-*.log"))
+    assert logs and "api_key=***" in logs[0].read_text()  # the line was written, scrubbed
+    leaks = [str(p) for p in (tmp_path / "results").rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert not leaks, leaks

@@ -126,6 +126,11 @@ def register_secret(value: str | None) -> None:
         _secrets.add(value)
 
 
+def registered_secrets() -> list[str]:
+    """The credentials registered so far, for a helper process that scrubs what it writes (watchdog.py)."""
+    return sorted(_secrets)
+
+
 def redact(text: str) -> str:
     """`text` with every registered credential replaced by `***` (apply before truncating)."""
     for secret in sorted(_secrets, key=len, reverse=True):  # a key that contains another goes first

@@ -5,7 +5,10 @@ side by side: each is start → wait → run → stop, and the next may start on
 previous server has let go of its port. A launched server never outlives kvqual: on
 success or error it gets SIGTERM, then SIGKILL after GRACE_S; when kvqual itself is stopped
 (Ctrl-C, SIGTERM, SIGHUP: see cli.py) after INTERRUPT_GRACE_S, so that kvqual exits within
-seconds, before a CI runner's own SIGKILL, which would leave the server (its own session) behind.
+seconds; and when kvqual is killed outright (`kill -9`, a CI runner's SIGKILL), its watchdog
+(watchdog.py, a process of its own session) sees kvqual's pipe close and stops the server. The
+server's output reaches its log only through the watchdog, with configured keys scrubbed as each
+line is written: no log on disk holds a key, whenever kvqual stops.
 """
 
 from __future__ import annotations
@@ -13,17 +16,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import json
 import os
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import AsyncIterator
 
 from kvqual.config import Target
-from kvqual.errors import LaunchError, redact
+from kvqual.errors import LaunchError, redact, register_secret, registered_secrets
 from kvqual.news import say
 from kvqual.transport import Transport
 
@@ -81,15 +86,40 @@ def stop_group(proc: subprocess.Popen, grace: float = GRACE_S) -> None:
     _live.discard(pgid)
 
 
-def scrub_log(path: Path) -> None:
-    """Remove configured API keys from a launched server's log (engines log their arguments)."""
+def _start(target: Target, argv: list[str], log: Path) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """The server in a session of its own, its output on a pipe to its watchdog (watchdog.py), which
+    writes it to `log` scrubbed (engines log their arguments, keys included) and stops the server
+    when kvqual's pipe to it closes, however kvqual ended."""
+    read_end, write_end = os.pipe()
     try:
-        text = path.read_bytes().decode("utf-8", errors="surrogateescape")  # bytes kept as they are
-    except OSError:
-        return
-    clean = redact(text)
-    if clean != text:
-        path.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
+        try:
+            proc = subprocess.Popen(argv, stdout=write_end, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"{target.name}: cannot start {argv[0]!r}: {exc}") from None
+        _live.add(proc.pid)
+        keeper = subprocess.Popen([sys.executable, "-m", "kvqual.watchdog", "--pgid", str(proc.pid),
+                                   "--fd", str(read_end), "--log", str(log), "--grace", str(GRACE_S)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(read_end,),
+                                  start_new_session=True)
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+    assert keeper.stdin is not None
+    keeper.stdin.write(json.dumps({"secrets": registered_secrets()}).encode() + b"\n")
+    keeper.stdin.flush()
+    return proc, keeper
+
+
+def _release(keeper: subprocess.Popen) -> None:
+    """Tell the watchdog the server is stopped (its pipe closes) and let it write the last lines."""
+    with contextlib.suppress(OSError):
+        assert keeper.stdin is not None
+        keeper.stdin.close()
+    try:
+        keeper.wait(timeout=GRACE_S + 5)
+    except subprocess.TimeoutExpired:
+        keeper.kill()
 
 
 @atexit.register
@@ -142,14 +172,9 @@ async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{target.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     argv = shlex.split(target.launch)
-    say(f"starting {target.name}: {target.launch}  (log: {log})")
-    with log.open("ab") as fh:
-        try:
-            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        except OSError as exc:
-            raise LaunchError(f"{target.name}: cannot start {argv[0]!r}: {exc}") from None
-    _live.add(proc.pid)
+    register_secret(target.api_key())  # before anything is printed or logged: engines echo their arguments
+    say(redact(f"starting {target.name}: {target.launch}  (log: {log})"))
+    proc, keeper = _start(target, argv, log)
     interrupted = False
     try:
         took = await wait_healthy(target, proc, log, target.launch_timeout)
@@ -161,7 +186,7 @@ async def launched(target: Target, results_dir: str) -> AsyncIterator[Target]:
     finally:
         say(f"stopping {target.name}")
         stop_group(proc, INTERRUPT_GRACE_S if interrupted else GRACE_S)
-        scrub_log(log)
+        _release(keeper)
         if port is not None:
             deadline = time.monotonic() + 15
             while not port_is_free(port):
