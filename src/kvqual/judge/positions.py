@@ -367,7 +367,9 @@ def topk_kl(bc: np.ndarray, bl: np.ndarray, cc: np.ndarray, cl: np.ndarray) -> n
     Rows whose two top-k lists hold the same tokens in the same order (most positions of two close
     configs) take the short path: every q_i is listed, so p_i·log(p_i/q_i) = p_i·(lb_i − lc_i)."""
     k = max(bc.shape[1], cc.shape[1])
-    bc, cc, bl, cl = _pad(bc, k, PAD), _pad(cc, k, PAD), _pad(bl, k, -np.inf), _pad(cl, k, -np.inf)
+    codes = np.result_type(bc, cc)  # a teacher file's ids and a generation file's codes may be stored narrower
+    bc, cc = _pad(bc.astype(codes, copy=False), k, PAD), _pad(cc.astype(codes, copy=False), k, PAD)
+    bl, cl = _pad(bl, k, -np.inf), _pad(cl, k, -np.inf)
     ones = np.ones(k)  # row sums as a matrix-vector product: numpy's sum over a short last axis is slow
     lb, lc = bl.astype(np.float64), cl.astype(np.float64)
     p, q_top = np.exp(lb), np.exp(lc)  # 0 at PAD (logprob -inf)
