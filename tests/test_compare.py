@@ -409,3 +409,28 @@ def test_credentials_in_a_base_url_never_reach_the_disk(tmp_path, fake_server):
     assert not leaks, leaks
     manifest = json.loads(next((tmp_path / "results").glob("base-*/manifest.json")).read_text())
     assert manifest["base_urls"] == [base.base_url]  # the URL without its user:password@
+
+
+def test_scores_that_cannot_see_the_candidates_kv_cache_are_not_judged(tmp_path, fake_server):
+    """SGLang 0.5.17 with an fp8_e4m3 cache (H100) scored the baseline's completions bit for bit as the
+    bf16 server did while 123 of its 252 generations differed: its scoring prefill never reads the
+    cache back. Token criteria read from such scores would PASS a cache nobody looked at; they are
+    left out with the reason. Here: an fp8 fake whose answers differ (30% wrong) and whose scores do not."""
+    setup(tmp_path, fake_server, ["--wrong-rate", "0.3"])
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode == 1, r.stdout + r.stderr  # accuracy still fails it
+    rep = report_of(tmp_path)
+    blind = rep["teacher_forcing"]["blind"]
+    assert blind.startswith("teacher forcing cannot see cand's KV cache: its scores of the baseline's completions "
+                            "are bit-identical to the baseline's on all")
+    assert criterion(rep, "kl_excess")["status"] == "inconclusive" and blind in criterion(rep, "kl_excess")["detail"]
+    assert blind in rep["warnings"]
+
+
+def test_identical_scores_of_identical_generations_are_judged(tmp_path, fake_server):
+    """The same scores and the same generations: nothing says the cache went unread (a faithful fp8
+    fake), so the token criteria are judged as usual."""
+    setup(tmp_path, fake_server, [])
+    kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--max-items", "40")
+    rep = report_of(tmp_path)
+    assert rep["teacher_forcing"]["blind"] is None and criterion(rep, "kl_excess")["status"] != "inconclusive"

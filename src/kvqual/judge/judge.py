@@ -19,7 +19,7 @@ from kvqual.forced import load_forced, refusal, teacher_file, window_limit_of
 from kvqual.judge import metrics as mx
 from kvqual.judge import positions as pos
 from kvqual.judge import speed as sp
-from kvqual.judge.arms import Arm, forcing_from, rounded
+from kvqual.judge.arms import MIN_REPRODUCED, Arm, forcing_from, rounded, usable
 from kvqual.judge.record import Judgement, LookPlan, RunSummary
 from kvqual.errors import KvqualError
 from kvqual.gate import GatePolicy
@@ -105,11 +105,14 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
                    lambda: pos.load(cand_dir / SAMPLES, cand_s))
     arm_a = Arm(aa_s, tokens=pos.load(aa_dir / SAMPLES, aa_s, top_k=False)) if aa_dir and aa_s is not None else None
     again = forcing_from(teacher_file(base_dir, bm.run_id, True), forced_b2) if forced_b2 else None
+    blind = blind_scoring(bm, cm, arm_b, arm_c, cand_s) if teacher_forcing and forced_c and not refused else None
+    if blind:
+        tf_note = blind
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
     diversity = mx.diversities(arm_b, arm_c, arm_a)
     built = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops, diversity)
     sections, inputs, plots, evidence = built.sections, built.inputs, built.plots, built.evidence
-    if teacher_forcing and refused:
+    if teacher_forcing and (refused or blind):
         inputs = _refused_coverage(inputs, tf_note or "")
     tb, tc = sp.throughput_pairs(base_s, cand_s)
     steady = speed_from.steady_speed() if speed_from is not None else None  # the same at every look
@@ -119,7 +122,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         keys = sorted(k for k in base_s if (k[0], k[1]) in items_n)
         look = inputs if n == sizes[-1] else mx.gate_inputs(arm_b, arm_c, arm_a, again, keys, teacher_forcing, loops,
                                                              evidence, diversity)
-        if teacher_forcing and refused and n != sizes[-1]:
+        if teacher_forcing and (refused or blind) and n != sizes[-1]:
             look = _refused_coverage(look, tf_note or "")
         if steady is not None:
             look = replace(look, steady_speed=steady)
@@ -170,6 +173,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
                 "left_out": dict(cov.reasons.most_common()) if cov else {},
                 "floor": inputs.tokens.floor_note if inputs.tokens is not None else None,
                 "refused": refused or None,
+                "blind": blind,  # the candidate's scoring never read its KV cache (`blind_scoring`)
                 # how the candidate's forced pairs were scored: exact token ids, or text alignment (the fallback)
                 "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)},
                 # candidate pairs whose completion was longer than the server admits, scored in windows
@@ -180,7 +184,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
                               "ids": [f"{suite}/{i}" for suite, i in sorted(unfit)[:20]]} if unfit else None),
             "allow_mismatch": allow_mismatch,
-            "warnings": list(warnings or []) + ([tf_note] if refused and tf_note else []),
+            "warnings": list(warnings or []) + ([tf_note] if (refused or blind) and tf_note else []),
             "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
             **({"steady_speed": speed_from.to_json()} if speed_from is not None else {})})
 
@@ -210,6 +214,37 @@ def saved_plan(out_dir: Path, policy: GatePolicy) -> LookPlan | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return LookPlan.from_report(seq, policy)
+
+
+def _kv_dtype(m: RunManifest) -> str | None:
+    return (m.kv_cache_dtype or m.server_info.get("kv_cache_dtype") or None)
+
+
+def blind_scoring(bm: RunManifest, cm: RunManifest, base: Arm, cand: Arm, cand_s: Mapping) -> str | None:
+    """Why the candidate's teacher-forced scores cannot measure its KV cache, or None.
+
+    A candidate configured with another KV dtype whose scores of the baseline's completions are
+    bit-identical to the baseline's own on every item (at least MIN_REPRODUCED), while some of its
+    generations differ, scored them without reading K/V back from its cache: SGLang scores a
+    sequence in one prefill, whose attention uses the K/V it has just computed, not what the fp8
+    cache stores (measured: SGLang 0.5.17, fp8_e4m3, H100). Its token criteria would read 0 and
+    PASS a cache they never looked at; they are left out instead."""
+    b, c = _kv_dtype(bm), _kv_dtype(cm)
+    if not (b and c) or b.lower() == c.lower():
+        return None
+    keys = [k for k in cand.forced.records if k in base.forced.records and usable(base.forced, k) and usable(cand.forced, k)]
+    if len(keys) < MIN_REPRODUCED or not pos.all_reproduced(base.forced.arrays, cand.forced.arrays, keys):
+        return None
+    base_s = base.samples
+    pairs = [(base_s[k], s) for k, s in cand_s.items() if k in base_s and s.ok and base_s[k].ok]
+    differ = sum(1 for a, s in pairs if a.text != s.text)
+    if not differ:
+        return None  # the same generations too: nothing says the cache was not read
+    return (f"teacher forcing cannot see {cm.target}'s KV cache: its scores of the baseline's completions are "
+            f"bit-identical to the baseline's on all {len(keys)} items though its KV dtype ({c}) is not the "
+            f"baseline's ({b}) and {differ} of its {len(pairs)} generations differ; its scoring never read K/V "
+            "back from the cache (SGLang scores a sequence in one prefill), so the token criteria are left out "
+            "(docs/engines.md)")
 
 
 def _refused_coverage(inputs: Any, why: str) -> Any:
