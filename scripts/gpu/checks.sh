@@ -4,16 +4,17 @@
 # wall time and console output) and $OUT/reports.tgz (report.json and report.md of every compare folder).
 # usage: bash scripts/gpu/checks.sh "NAME: kvqual args" ["NAME: kvqual args" ...]
 #   e.g. bash scripts/gpu/checks.sh "aa-quick: compare bf16 bf16b --suite profile:quick" "aa-pool: compare bf16 bf16b"
+#   SGLang (up-sgl.sh): KVQUAL_SH=scripts/gpu/kvqual-sgl.sh bash scripts/gpu/checks.sh "sgl-aa: compare sgl_bf16 sgl_bf16b"
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 out=${OUT:-/tmp/g/checks}
-mkdir -p "$out"
+mkdir -p "$out" /tmp/g  # /tmp/g keeps each command's full output (NAME.txt), whichever bundle runs
 for spec in "$@"; do
   name=${spec%%:*}
   args=${spec#*: }
   t0=$(date +%s%N)
   # shellcheck disable=SC2086  # args: a list of arguments
-  OUT='' CI=true bash scripts/gpu/kvqual.sh $args > "/tmp/g/$name.txt" 2>&1
+  OUT='' CI=true bash "${KVQUAL_SH:-scripts/gpu/kvqual.sh}" $args > "/tmp/g/$name.txt" 2>&1
   rc=$?
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   { echo "=== $name: kvqual $args"; echo "exit $rc, wall $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
