@@ -210,7 +210,7 @@ def test_an_interrupted_or_extended_compare_reuses_every_answer(tmp_path, fake_s
 
 def test_a_candidate_whose_echo_cannot_be_trusted_is_judged_without_token_criteria(tmp_path, fake_server):
     """The echo check fails on the candidate: the answers are kept, the token criteria are refused
-    with the likely cause, and the generation criteria still decide (here: many wrong answers)."""
+    with what was observed, and the generation criteria still decide (here: many wrong answers)."""
     def pair(folder, *cand_flags):
         folder.mkdir(exist_ok=True)
         base = fake_server("--kv-cache-dtype", "bf16", "--length-factor", "3")  # 3-token answers

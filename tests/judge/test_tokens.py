@@ -151,7 +151,7 @@ def test_echo_trust_tolerates_fp8_scale_noise_not_a_shifted_echo():
     shifted = gen[1:] + [-0.3]  # echo off by one position
     with pytest.raises(ServerContractError, match="srv: echo logprobs .*mean \\|Δ\\| 1\\.[0-9]+ nats > 0.5") as err:
         check_echo_trust([_own(gen, shifted)], "srv")
-    assert "likely cause: echo looks shifted by one position" in str(err.value)
+    assert "observed: echo looks shifted by one position" in str(err.value)
     noisy = [g - 2.0 * (i % 2) - 0.7 for i, g in enumerate(gen)]  # disagrees everywhere, not a shift
     with pytest.raises(ServerContractError) as err:
         check_echo_trust([_own(gen, noisy)], "srv")

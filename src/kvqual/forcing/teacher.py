@@ -331,8 +331,10 @@ def _mean_abs(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def _likely_cause(own: list[tuple[Sample, Forced]], mean: float) -> str:
-    """Name the likely cause of a disagreement: an echo shifted by a position, or two code paths
-    (prefill vs decode) that disagree, as a broken KV cache does."""
+    """What was observed, not a cause kvqual cannot know: an echo whose logprobs line up with the
+    generation's one position over (a shifted echo), or scoring and generation that disagree on the
+    same tokens — which a broken cache path and an echo that scores something else both produce, so
+    on an fp8 candidate the message must not blame the thing under test."""
     shifted: dict[int, list[tuple[float, float]]] = {1: [], -1: []}
     for sample, forced in own:
         if not forced.aligned or forced.logprobs is None or sample.logprobs is None:
@@ -345,8 +347,9 @@ def _likely_cause(own: list[tuple[Sample, Forced]], mean: float) -> str:
     best = min(((_mean_abs(v), k) for k, v in shifted.items() if v), default=(None, 0))
     if best[0] is not None and best[0] < mean / 3 and best[0] <= ECHO_TRUST_MAX_MEAN_ABS:
         return f"echo looks shifted by one position (shifted, the gap is {best[0]:.3f} nats)"
-    return ("its prompt scoring (prefill) and its generation (decode) disagree on the same tokens: a broken "
-            "server or KV cache path, or an echo that does not score what was sent")
+    return ("its scoring of a sequence (prefill) gives other logprobs than it reported while generating the "
+            "same tokens (decode), and not by a one-position shift; kvqual cannot tell whether its echo or its "
+            "cache path is at fault: check the echo on the baseline server too")
 
 
 def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | None:
@@ -365,7 +368,7 @@ def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | N
         cause = _likely_cause(own, mean)
         raise EchoDisagreement(
             f"{server}: echo logprobs of its own greedy output differ from the logprobs it reported while "
-            f"generating (mean |Δ| {mean:.3f} nats > {ECHO_TRUST_MAX_MEAN_ABS}); likely cause: {cause}; "
+            f"generating (mean |Δ| {mean:.3f} nats > {ECHO_TRUST_MAX_MEAN_ABS}); observed: {cause}; "
             "teacher-forced metrics would be noise — fix the server or pass --no-teacher-forcing", mean, cause)
     return mean
 

@@ -83,7 +83,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     tf_note = None
     if teacher_forcing and refused:
         tf_note = "; ".join(f"teacher forcing refused on the {arm} ({r['target']}): echo differs from its own "
-                            f"generation by {r['mean_abs_nats']} nats; likely cause: {r['cause']}"
+                            f"generation by {r['mean_abs_nats']} nats; observed: {r['cause']}"
                             for arm, r in refused.items())
     elif teacher_forcing and not (forced_b and forced_c):
         tf_note = "teacher forcing was requested but no teacher-forced files exist for these runs"
