@@ -117,3 +117,16 @@ def test_a_cancellation_arriving_while_the_scraper_stops_is_not_swallowed(fake_s
         return False
 
     assert asyncio.run(main())
+
+
+def test_a_brace_or_comma_inside_a_label_value_keeps_the_line() -> None:
+    """The hand-written parser dropped a line whose label value held a `}`; prometheus-client's keeps
+    it, unescaped, and one line no parser can read costs only itself."""
+    text = ('vllm:cache_config_info{cache_dtype="fp8",note="a}b, \\"c\\""} 1\n'
+            'this is not a sample line\n'
+            'sglang:num_running_reqs{model_name="smollm2"} 3.0\n'
+            'vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 7\n')
+    parsed = parse_prometheus(text)
+    assert parsed["vllm:cache_config_info"] == [({"cache_dtype": "fp8", "note": 'a}b, "c"'}, 1.0)]
+    assert parsed["sglang:num_running_reqs"] == [({"model_name": "smollm2"}, 3.0)]
+    assert parsed["vllm:e2e_request_latency_seconds_bucket"] == [({"le": "+Inf"}, 7.0)]

@@ -6,7 +6,6 @@ vLLM's `vllm:cache_config_info` in Prometheus `/metrics`. Reads only; never chan
 from __future__ import annotations
 
 import random
-import re
 import sys
 import time
 from typing import Any, Awaitable, Callable
@@ -16,25 +15,24 @@ from kvqual.retry import RetryPolicy, refused, timed_out
 from kvqual.transport import Transport
 
 
-_PROM_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_PROM_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
 def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Prometheus text exposition → {metric name: [(labels, value), ...]}."""
+    """Prometheus text exposition → {sample name: [(labels, value), ...]}, by prometheus-client's
+    parser (label values unescaped, a `}` or `,` inside one kept). One sample line at a time: its
+    parser rejects a whole document for one line it cannot read, and one odd line of a server's
+    /metrics must not cost every other figure. Histogram samples keep their `_bucket`/`_sum`/
+    `_count` names, as the text has them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _PROM_LINE.match(line)
-        if not m:
+        if not line.strip() or line.startswith("#"):
             continue
         try:
-            value = float(m.group("value"))
-        except ValueError:
+            samples = [s for family in text_string_to_metric_families(line + "\n") for s in family.samples]
+        except (ValueError, TypeError, IndexError):
             continue
-        labels = dict(_PROM_LABEL.findall(m.group("labels") or ""))
-        out.setdefault(m.group("name"), []).append((labels, value))
+        for s in samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
     return out
 
 
