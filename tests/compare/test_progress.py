@@ -80,3 +80,17 @@ def test_lines_keep_coming_while_no_request_finishes(capsys, monkeypatch):
 
 def test_fmt_duration():
     assert [fmt_duration(s) for s in (0, 59.6, 65, 760, 3723)] == ["0:00", "1:00", "1:05", "12:40", "1:02:03"]
+
+
+def test_an_interrupted_part_does_not_count_its_unsent_requests_as_answered_before():
+    """SIGTERM mid-part once printed "88 requests sent, 60 not sent (answered … by an earlier run)"."""
+    p = CompareProgress(1, "off", clock=Clock())
+    p.expect(10)
+    p.start_round(0)
+    try:
+        with p.part("baseline answers", 10) as tick:
+            tick()
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert (p.done, p.reused) == (1, 0)

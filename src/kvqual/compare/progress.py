@@ -101,10 +101,12 @@ class CompareProgress:
             self._show()
 
         self._show()
+        finished = False
         try:
             yield tick
+            finished = True
         finally:
-            if planned > sent:
+            if finished and planned > sent:  # an interrupted part's unsent requests are not "not needed"
                 self.done += planned - sent
                 self.reused += planned - sent
             self.active[name] -= 1
