@@ -316,3 +316,36 @@ def test_probe_retries_transient_faults(tmp_path, fake_server, proxy):
     assert manifest["server_info"]["engine"] == "vllm"  # from /metrics; it decides token_ids, part of the run's key
     by_path = pb.faults()["by_path"]
     assert by_path["/v1/models"] == {"http503": 1, "reset": 1} and by_path["/get_server_info"] == {"reset": 1}
+
+
+@pytest.mark.parametrize("mode", [("--looks", "3"), ("--fixed-n",)], ids=["sequential", "fixed-n"])
+def test_a_whole_compare_through_faults_equals_the_clean_one_three_times(tmp_path, fake_server, proxy, mode):
+    """The reliability issue's bar: a full compare — baseline, A/A replicate, candidate, teacher forcing,
+    every look — with resets, 503s, 429s, stalls and cut bodies between kvqual and both servers gives
+    the clean compare's verdict and figures, three times in a row with three fault draws. (Before one
+    retry policy, a teacher-forcing request lost to disconnects turned a PASS into INCONCLUSIVE.)"""
+    n = 300  # two looks or more: 124, then the pool
+    base = fake_server("--kv-cache-dtype", "bf16")
+    cand = fake_server("--kv-cache-dtype", "fp8_e4m3", "--logprob-noise", "0.05")
+    flags = ("compare", "base", "cand", "--suite", "s.jsonl", *mode)
+    clean = workdir(tmp_path / "clean", base.base_url, cand.base_url, n=n)
+    rc_clean, out_clean, err_clean = finish(start(clean, *flags))
+    assert rc_clean in (0, 1, 3) and "Traceback" not in err_clean, out_clean + err_clean
+    want = figures(report_of(clean))
+    looks = len(report_of(clean)["verdict"]["sequential"]["looks"])
+    assert looks >= 2 if "--looks" in mode else looks == 1  # the sequential compare judged two looks (PASS at 300)
+    for seed in (11, 12, 13):
+        pb = proxy(base.port, "--seed", str(seed), *RATES, "--paths", REQUESTS)
+        pc = proxy(cand.port, "--seed", str(seed + 100), *RATES, "--paths", REQUESTS)
+        faulty = workdir(tmp_path / f"faulty-{seed}", pb.base_url, pc.base_url, n=n)
+        rc, out, err = finish(start(faulty, *flags))
+        assert rc == rc_clean and "Traceback" not in err, out + err
+        rep = report_of(faulty)
+        assert figures(rep) == want, seed
+        assert len(rep["verdict"]["sequential"]["looks"]) == looks
+        injected = pb.faults()["faults"], pc.faults()["faults"]
+        assert all(sum(f.values()) > 0 for f in injected), injected  # faults were injected on both sides
+        for arm in ("baseline", "candidate", "aa"):
+            lines = rows(faulty / "results" / rep["runs"][arm]["run_id"])
+            keys = [(r["suite"], r["id"], r["repeat"]) for r in lines]
+            assert len(keys) == len(set(keys)) and all(r["error"] is None for r in lines)  # 0 lost, 0 duplicated
