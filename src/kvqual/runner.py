@@ -219,9 +219,9 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
 
     status = "incomplete"
     scraper = Scraper(plan.target.base_urls, plan.target.api_key())
-    await scraper.start()
     flusher = asyncio.create_task(flush_while_waiting())
     try:
+        await scraper.start()  # inside: a failure or cancellation here still closes its connections
         for suite in plan.suites:
             names = {f"lm-eval:{t}" for t in suite.lmeval_tasks}
             if names and not any(k[0] in names for k in store.done):

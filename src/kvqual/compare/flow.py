@@ -68,6 +68,21 @@ def serve_together(config: Config, base: Target, cand: Target) -> bool:
     return config.builtin or (not base.launch and not cand.launch)
 
 
+async def together(*aws: Any) -> list[Any]:
+    """`asyncio.gather` that, when one part fails, cancels the others and waits until they have
+    closed their connections and written their manifests, then raises the first failure as it is (a
+    plain gather leaves them running while the command exits: an aiohttp session then outlives its
+    loop, "Unclosed client session", and a manifest stays "running")."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 class Compare:
     """One `kvqual compare BASE CAND`: the round loop, the budgets and the judging after each round."""
 
@@ -171,7 +186,7 @@ class Compare:
                                         rerun=self.rerun and first, items_upto=upto, progress=False, on_done=tick)
 
         if self.overlap:
-            self.state.bm, self.state.am = await asyncio.gather(answers_then_forcing(), replicate())
+            self.state.bm, self.state.am = await together(answers_then_forcing(), replicate())
         else:
             self.state.bm = await answers_then_forcing()
             self.state.am = await replicate()
@@ -210,7 +225,7 @@ class Compare:
             self.state.cm = await answers()
             await forced(self.state.cm)
         else:
-            self.state.cm, _ = await asyncio.gather(answers(), forced(self.state.cm))
+            self.state.cm, _ = await together(answers(), forced(self.state.cm))
         self._spent()
 
     def _candidate_window_limit(self, own: int | None) -> None:
