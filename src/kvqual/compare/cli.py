@@ -133,7 +133,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report = asyncio.run(flow.execute())
     s = flow.state
     assert s.bm is not None and s.cm is not None
-    return _finish(report.to_json(), _out_dir(run.results_dir, s.bm.run_id, s.cm.run_id, None), args.json)
+    out = _out_dir(run.results_dir, s.bm.run_id, s.cm.run_id, None)
+    code = _finish(report.to_json(), out, args.json)
+    from kvqual.compare.earlier import remember
+
+    remember(flow, out)  # the same command again judges these files without starting a server
+    return code
 
 
 def _gate_flags(config: Config, args: argparse.Namespace) -> Config:

@@ -302,8 +302,15 @@ class Compare:
         return decided or self.state.stop is not None
 
     async def execute(self) -> Judgement:
+        from kvqual.compare.earlier import recall
         from kvqual.launch import serving
 
+        if not self.rerun:
+            earlier = recall(self)
+            if earlier is not None:  # every answer is on disk: no server needs to start to send nothing
+                say(f"every answer and score of this compare is on disk from an earlier run of it: judged again "
+                    f"without starting {self.base_t.name} or {self.cand_t.name} (--rerun asks the servers again)")
+                return earlier
         together = self.together = serve_together(self.config, self.base_t, self.cand_t)
         rd = self.run.results_dir
         self.progress = show = CompareProgress(len(self.sizes), progress_mode(None))
