@@ -18,6 +18,7 @@ Per request, one seeded draw picks what happens (the rates are shares of request
 matches (e.g. `"echo": ?true`: teacher forcing only); the others are always forwarded.
 `--restart-after N`: after N requests (of those the faults apply to) the proxy stops listening and
 drops its open connections for about a second, then listens again (a server restart), once.
+`--hang-after N`: after N requests every request hangs, /health included (a hung server).
 
 GET /__faults (answered by the proxy itself, never faulted) returns what was injected so far:
 `{"requests": n, "forwarded": n, "restarts": n, "faults": {kind: n}, "by_path": {path: {kind: n}}}`.
@@ -94,6 +95,8 @@ class FaultProxy:
                                       "restarts": self.restarts, "faults": dict(self.faults),
                                       "by_path": {p: dict(c) for p, c in self.by_path.items()}})
         self.requests += 1
+        if self.args.hang_after and self.requests > self.args.hang_after:
+            await asyncio.sleep(3600)  # a hung server: the connection stays open, nothing ever comes
         body = await request.read()
         fault = self.draw(request.path, body)
         if self.eligible(request.path, body):
@@ -183,6 +186,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall-s", type=float, default=30.0, help="how long a stalled request hangs")
     p.add_argument("--restart-after", type=int, default=0, help="restart once, after N requests (0: never)")
     p.add_argument("--restart-s", type=float, default=1.0, help="how long a restart stops listening")
+    p.add_argument("--hang-after", type=int, default=0,
+                   help="after N requests, every request (any path, /health too) hangs: a hung server (0: never)")
     p.add_argument("--paths", default=None, help="fault only request paths matching this regex")
     p.add_argument("--body", default=None, help="fault only request bodies matching this regex")
     args = p.parse_args(argv)

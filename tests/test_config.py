@@ -94,6 +94,7 @@ def test_a_resolved_key_is_redacted_from_messages(tmp_path, monkeypatch):
     ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nconcurrency = 0\n', "run.concurrency", "at least 1"),
     ('[targets.a]\nbase_url = "http://x/v1"\n[run]\ntop_logprobs = 50\n', "run.top_logprobs", "20"),
     ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nspeed = 1\n', "run.speed", "unknown key"),
+    ('[targets.a]\nbase_url = "http://x/v1"\n[run]\nstall_seconds = -1\n', "run.stall_seconds", "0: never ask"),
     ('[targets.a]\nbase_url = "http://x/v1"\n[gate]\nbogus = 1\n', "gate.bogus", ""),
     ('[targets.a]\nbase_url = "http://127.0.0.1:{port}/v1"\n', "targets.a.base_url", "launch"),
     ('[targetz.a]\nbase_url = "http://x/v1"\n', "targetz", "unknown table"),

@@ -349,3 +349,39 @@ def test_a_whole_compare_through_faults_equals_the_clean_one_three_times(tmp_pat
             lines = rows(faulty / "results" / rep["runs"][arm]["run_id"])
             keys = [(r["suite"], r["id"], r["repeat"]) for r in lines]
             assert len(keys) == len(set(keys)) and all(r["error"] is None for r in lines)  # 0 lost, 0 duplicated
+
+
+def test_a_hung_server_is_an_infrastructure_fault_in_seconds_not_an_hour(tmp_path, fake_server, proxy):
+    """After 40 requests every request to the candidate hangs, /health too, under the default
+    timeout (600 s) and retries (5): about an hour before the first failure counted, without the
+    liveness check. With `--stall-seconds 3` the compare stops with exit 4 within seconds, one line
+    naming the server, and keeps what was answered."""
+    base, cand = fake_server("--kv-cache-dtype", "bf16"), fake_server("--kv-cache-dtype", "fp8_e4m3")
+    hung = proxy(cand.port, "--hang-after", "40")
+    work = workdir(tmp_path / "w", base.base_url, hung.base_url)
+    t0 = time.monotonic()
+    rc, out, err = finish(start(work, "compare", "base", "cand", "--suite", "s.jsonl", "--timeout", "600",
+                                "--retries", "5", "--stall-seconds", "3"))
+    took = time.monotonic() - t0
+    assert rc == 4, out + err
+    assert took < 60, took
+    last = err.strip().splitlines()[-1]
+    print(json.dumps({"seconds": round(took, 1), "last_line": last}))  # for the record (pytest -s)
+    assert last.startswith("kvqual: error: cand") and "did not answer its health check 3 times" in last, last
+    assert "Traceback" not in out + err
+    cand_run, = [d for d in (work / "results").iterdir() if d.name.startswith("cand-")]
+    kept = [r for r in rows(cand_run) if not r.get("error")]
+    assert kept and all(r["text"] for r in kept)  # what was answered before the hang is on disk
+    assert json.loads((cand_run / "manifest.json").read_text())["status"] == "incomplete"
+
+
+def test_a_server_that_hangs_during_teacher_forcing_is_an_infrastructure_fault_in_seconds(tmp_path, fake_server,
+                                                                                          proxy):
+    base, cand = fake_server("--kv-cache-dtype", "bf16"), fake_server("--kv-cache-dtype", "fp8_e4m3")
+    hung = proxy(cand.port, "--hang-after", "125")  # the candidate's answers (100 and its probes) get through
+    work = workdir(tmp_path / "w", base.base_url, hung.base_url)
+    rc, out, err = finish(start(work, "compare", "base", "cand", "--suite", "s.jsonl", "--timeout", "600",
+                                "--retries", "5", "--stall-seconds", "3"))
+    assert rc == 4, out + err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("kvqual: error: cand: teacher forcing: no answer for"), last

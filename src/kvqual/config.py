@@ -110,6 +110,9 @@ class RunDefaults:
     top_p: float = 1.0
     timeout: float = 600.0
     retries: int = 5
+    # no answer for this long while requests wait: ask the server's /health; three failed asks end the work as an
+    # infrastructure fault (exit 4) instead of every request's timeout × retries (liveness.py; 0: never ask)
+    stall_seconds: float = 120.0
     repeats: int = 1
     limit: int | None = None
     aa_fraction: float = 0.25  # share of items the A/A generation replicate covers (docs/statistics.md)
@@ -228,7 +231,7 @@ def _parse_run(path: str, table: Any) -> RunDefaults:
     types: dict[str, tuple[type, ...]] = {
         "suites": (list,), "concurrency": (int,), "max_tokens": (int,), "top_logprobs": (int,),
         "seed": (int,), "temperature": (int, float), "top_p": (int, float), "timeout": (int, float),
-        "retries": (int,), "repeats": (int,), "limit": (int,), "aa_fraction": (int, float),
+        "retries": (int,), "stall_seconds": (int, float), "repeats": (int,), "limit": (int,), "aa_fraction": (int, float),
         "results_dir": (str,), "max_failed_rate": (int, float), "stream": (bool,),
         "max_items": (int,), "max_minutes": (int, float), "budget_tokens": (int,), "serve_together": (bool,),
         "speed_from": (str,),
@@ -260,6 +263,7 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
         ("top_p", 0 < run.top_p <= 1, "must be in (0, 1]"),
         ("timeout", run.timeout > 0, "must be > 0 seconds"),
         ("retries", run.retries >= 0, "must be >= 0"),
+        ("stall_seconds", run.stall_seconds >= 0, "must be >= 0 seconds (0: never ask)"),
         ("repeats", run.repeats >= 1, "must be at least 1"),
         ("limit", run.limit is None or run.limit >= 1, "must be at least 1"),
         ("aa_fraction", 0 <= run.aa_fraction <= 1, "must be between 0 and 1"),

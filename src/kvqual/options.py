@@ -23,6 +23,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, help="default 0 (greedy)")
     p.add_argument("--timeout", type=float, help="seconds per request (default 600)")
     p.add_argument("--retries", type=int, help="retries for transient failures (default 5)")
+    p.add_argument("--stall-seconds", type=float,
+                   help="no answer for this long while requests wait: ask the server's /health; three failed asks "
+                        "stop with exit 4 (default 120; 0 = never ask)")
     p.add_argument("--stream", action="store_true", default=None,
                    help="stream responses to measure time to first token and inter-token latency")
     p.add_argument("--config", help="config file (default ./kvqual.toml, else the built-in targets)")
@@ -37,6 +40,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "suites": args.suites, "limit": args.limit, "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "top_logprobs": args.top_logprobs, "seed": args.seed,
         "temperature": args.temperature, "timeout": args.timeout, "retries": args.retries,
+        "stall_seconds": args.stall_seconds,
         "repeats": getattr(args, "repeats", None), "results_dir": args.out,
         "stream": args.stream,
     }

@@ -25,6 +25,7 @@ from kvqual.client import (Answer, chat_payload, completion_payload, inter_token
                            merge_completion_stream, parse_chat, parse_completion)
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
+from kvqual.liveness import Liveness
 from kvqual.plan import RunPlan, Unit, cache_waves, plan_units
 from kvqual.records import GenerationParams, Item, RunManifest, Sample
 from kvqual.retry import RetryPolicy
@@ -173,6 +174,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
     rng = random.Random(plan.params.seed)
     consecutive_conn_failures = 0
     abort: list[BaseException] = []
+    live = Liveness(plan.target.name, transports, stall=run.stall_seconds)  # a hung server: exit 4 in minutes
     run_id = plan.run_id  # a hash of the plan's identity: once, not once a request
 
     async def worker() -> None:
@@ -192,6 +194,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
             finally:
                 in_flight[slot] -= 1
             store.append(sample)
+            live.answered()
             stats.done += 1
             if on_done is not None:
                 on_done()
@@ -230,7 +233,7 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
                     total += 1
         for wave in cache_waves(units):  # a wave's prefixes are in the server's cache before the next is sent
             iterator = iter(wave)
-            await asyncio.gather(*(worker() for _ in range(max(1, min(run.concurrency, len(wave))))))
+            await live.guard(asyncio.gather(*(worker() for _ in range(max(1, min(run.concurrency, len(wave)))))))
             if abort:
                 raise abort[0]
         status = "complete" if len(store.done) >= all_units else "partial"

@@ -12,6 +12,7 @@ from typing import Callable
 
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import EchoDisagreement, InfrastructureError
+from kvqual.liveness import Liveness
 from kvqual.forced import FAILED, refusal, refusal_file, teacher_file, window_file
 from kvqual.forcing.sglang import SglangForcer
 from kvqual.forcing.teacher import TeacherForcer, check_echo_trust, force_all, trust_sample
@@ -57,11 +58,22 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     probe = any(item.meta and "cache_wave" in item.meta for item in items.values())
     if forcer_cls is TeacherForcer and (target.cold or probe):  # SGLang has no cache_salt
         forcer.salted(f"kvqual-forced:{manifest.run_id}:{'again' if again else 'first'}")
+    live = Liveness(f"{target.name}: teacher forcing", [forcer.transport], stall=run.stall_seconds)
+
+    def done_one() -> None:
+        live.answered()
+        if on_done is not None:
+            on_done()
+
     try:
         trust = None
         if check:
             own = trust_sample(list(load_samples(own_dir, "tokens").values()), items)
-            own_forced = [await forcer.force(items[(s.suite, s.id)], s) for s in own]
+
+            async def score_own() -> list:
+                return [await forcer.force(items[(s.suite, s.id)], s) for s in own]
+
+            own_forced = await live.guard(score_own())
             try:
                 trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
             except EchoDisagreement as exc:
@@ -73,12 +85,12 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                 say(f"warning: {exc}; judging {target.name} without teacher-forced metrics")
                 return None
         started = time.perf_counter()
-        passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id), on_done)]
+        passes = [force_all(forcer, items, base_samples, teacher_file(base_dir, manifest.run_id), done_one)]
         again_samples = [s for s in base_samples if again_keys is None or (s.suite, s.id) in again_keys]
         if again:  # both passes at once: the server batches them together
             passes.append(force_all(forcer, items, again_samples, teacher_file(base_dir, manifest.run_id, True),
-                                    on_done))
-        for forced in await asyncio.gather(*passes):
+                                    done_one))
+        for forced in await live.guard(asyncio.gather(*passes)):
             failed = [f for f in forced if (f.reason or "").startswith(FAILED)]
             if forced and len(failed) / len(forced) > run.max_failed_rate:
                 raise InfrastructureError(
