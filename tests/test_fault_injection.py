@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import os
 import subprocess
 import sys
@@ -248,6 +249,9 @@ def test_faults_cost_retries_never_answers(tmp_path, fake_server, proxy):
     assert rc == rc_clean and "Traceback" not in err, out + err
     rep = report_of(faulty)
     assert figures(rep) == figures(rep_clean)
+    # what the faults cost teacher forcing is said, not hidden (the clean compare's passes cost nothing)
+    assert re.search(r"teacher forcing .* on cand: \d+ s, \d+ requests \(\d+ attempts after a failure", err), err
+    assert not re.search(r"\([1-9]\d* attempts after a failure", err_clean), err_clean
     assert rep["teacher_forcing"]["usable"] == N * 4 // 5  # completions items forced; chat ones counted apart
     attempts = {}
     for arm in ("baseline", "candidate", "aa"):

@@ -100,7 +100,9 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
         say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
              + ((" twice (the second pass is the A/A floor)" if len(again_samples) == len(base_samples) else
                  f", {len(again_samples)} of them twice (the second pass is the A/A floor)") if again else "")
-             + f": {time.perf_counter() - started:.0f} s")
+             + f": {time.perf_counter() - started:.0f} s, {forcer.requests} requests"
+             + (f" ({forcer.retried} attempts after a failure, {forcer.reconnects} reconnects)"
+                if forcer.retried or forcer.reconnects else ""))
         return trust
     finally:
         await forcer.aclose()
