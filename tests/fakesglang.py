@@ -298,7 +298,7 @@ class Fake:
     def _server_args(self) -> dict[str, Any]:
         a = self.args
         return {"model_path": a.model, "tokenizer_path": a.model, "skip_tokenizer_init": False, "host": "127.0.0.1",
-                "port": a.port, "dtype": "auto", "quantization": None, "kv_cache_dtype": a.kv_cache_dtype,
+                "port": a.port, "dtype": a.dtype, "quantization": None, "kv_cache_dtype": a.kv_cache_dtype,
                 "mem_fraction_static": a.mem_fraction_static, "max_running_requests": 128, "max_total_tokens": None,
                 "chunked_prefill_size": 8192, "max_prefill_tokens": 16384, "schedule_policy": "fcfs",
                 "page_size": 1, "context_length": a.context_length, "device": "cuda", "tp_size": 1, "pp_size": 1,
@@ -493,6 +493,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="fake-org/toy-sglang-model")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--dtype", default="auto", help="the model dtype (\"auto\": the checkpoint's), as SGLang reports it")
     p.add_argument("--mem-fraction-static", type=float, default=0.836)
     p.add_argument("--max-total-num-tokens", type=int, default=20480)
     p.add_argument("--context-length", type=int, default=4096)

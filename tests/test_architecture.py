@@ -20,12 +20,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "kvqual"
 # its submodules; a module listed by name overrides its package's floor.
 FLOORS: list[tuple[str, ...]] = [
     ("kvqual", "kvqual.errors", "kvqual.records", "kvqual.provenance", "kvqual.news", "kvqual.stats",
-     "kvqual.options"),                                                          # values, pure maths
+     "kvqual.options", "kvqual.capacity"),                                                          # values, pure maths
     ("kvqual.gate", "kvqual.suites", "kvqual.tokenstore", "kvqual.load.stats"),  # pure policy, what is sent
     ("kvqual.config", "kvqual.store", "kvqual.forced"),                         # config, the files
     ("kvqual.plan", "kvqual.report"),                                           # the seeded order; rendering
     ("kvqual.judge",),                                                          # pure over the files
-    ("kvqual.client", "kvqual.retry", "kvqual.bodies", "kvqual.transport"),     # the transport
+    ("kvqual.client", "kvqual.retry", "kvqual.bodies", "kvqual.transport", "kvqual.liveness"),  # the transport
     ("kvqual.probe", "kvqual.telemetry", "kvqual.launch", "kvqual.watchdog"),   # what a server is
     ("kvqual.runner", "kvqual.forcing", "kvqual.load.drive", "kvqual.load.summary",
      "kvqual.load.evidence"),                                                   # spending server time
@@ -35,7 +35,8 @@ FLOORS: list[tuple[str, ...]] = [
 STANDALONE = "kvqual.serve"  # the reference server: imports nothing of kvqual but itself and suites
 SERVE_MAY_IMPORT = ("kvqual.serve", "kvqual.suites")
 # what must never be loaded by the judge (nor by `kvqual report`'s judge): a transport, a server
-JUDGE_MUST_NOT_LOAD = ("kvqual.client", "kvqual.transport", "kvqual.bodies", "kvqual.retry", "kvqual.runner",
+JUDGE_MUST_NOT_LOAD = ("kvqual.client", "kvqual.transport", "kvqual.bodies", "kvqual.retry", "kvqual.liveness",
+                       "kvqual.runner",
                        "kvqual.probe", "kvqual.telemetry", "kvqual.launch", "kvqual.forcing", "kvqual.compare",
                        "kvqual.load", "kvqual.serve", "httpx", "aiohttp", "openai")
 

@@ -309,7 +309,7 @@ def test_compare_on_sglang_forces_chat_and_completions_items_by_exact_ids(tmp_pa
     import json
     import os
 
-    base = start_fake_sglang("--enable-metrics", "--max-total-num-tokens", "1000")
+    base = start_fake_sglang("--enable-metrics", "--max-total-num-tokens", "1000", "--dtype", "bfloat16")
     cand = start_fake_sglang("--kv-cache-dtype", "fp8_e4m3", "--enable-metrics", "--max-total-num-tokens", "2000",
                              "--logprob-noise", "0.05")
     try:
@@ -333,7 +333,10 @@ def test_compare_on_sglang_forces_chat_and_completions_items_by_exact_ids(tmp_pa
     runs = report["runs"]
     assert runs["baseline"]["engine"] == runs["candidate"]["engine"] == "sglang"
     assert runs["candidate"]["reported_kv_dtype"] == "fp8_e4m3"
-    assert report["capacity"] == {"baseline": 1000, "candidate": 2000, "ratio": 2.0}
+    cap = report["capacity"]  # "auto" on a bfloat16 model: 2 bytes a value, so fp8's ×2 is all the dtype's
+    assert (cap["baseline"], cap["candidate"], cap["ratio"]) == (1000, 2000, 2.0)
+    assert cap["dtypes"] == {"baseline": "bfloat16", "candidate": "fp8_e4m3"}
+    assert (cap["dtype_share"], cap["memory_share"], cap["same_budget"]) == (2.0, 1.0, True)
     kl = next(c for c in report["verdict"]["criteria"] if c["name"] == "kl_excess")
     assert kl["estimate"] is not None and kl["estimate"] > 0  # the candidate's noise is measured
 

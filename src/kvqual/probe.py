@@ -116,6 +116,9 @@ async def describe(base_url: str, api_key: str, timeout: float = 30.0, patience:
         vllm_capacity = kv_capacity_from_metrics(parsed)
         if vllm_capacity is not None:
             info["vllm_kv_capacity_tokens"] = vllm_capacity
+        vllm_kv_bytes = _cache_config_label(parsed, "kv_cache_memory_bytes")
+        if vllm_kv_bytes is not None:
+            info["vllm_kv_cache_memory_bytes"] = int(float(vllm_kv_bytes))
     info["kv_cache_dtype"] = reported_kv_dtype(info)
     info["kv_capacity_tokens"] = reported_kv_capacity(info)
     info["engine"] = engine_of(info, parsed)
@@ -131,6 +134,19 @@ def kv_capacity_from_metrics(metrics: dict[str, list[tuple[dict[str, str], float
                 return int(float(labels["kv_cache_size_tokens"]))
             if labels.get("num_gpu_blocks") not in (None, "", "None") and labels.get("block_size"):
                 return int(float(labels["num_gpu_blocks"])) * int(float(labels["block_size"]))
+        except ValueError:
+            continue
+    return None
+
+
+def _cache_config_label(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> str | None:
+    """A number among vLLM's `vllm:cache_config_info` labels (its CacheConfig), None when unset."""
+    for labels, _ in metrics.get("vllm:cache_config_info", []):
+        value = labels.get(name)
+        try:
+            if value not in (None, "", "None"):
+                float(value)
+                return value
         except ValueError:
             continue
     return None

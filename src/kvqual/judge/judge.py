@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvqual import __version__
+from kvqual import capacity as kvcap
 from kvqual.forced import load_forced, refusal, teacher_file, window_limit_of
 from kvqual.judge import metrics as mx
 from kvqual.judge import positions as pos
@@ -198,12 +199,12 @@ def _window_limits(base_dir: Path, bm: RunManifest, cm: RunManifest) -> dict[str
 
 def capacity(base: RunManifest, cand: RunManifest) -> dict[str, Any] | None:
     """Each arm's KV capacity in tokens as its server reports it (SGLang / kvqual serve
-    `max_total_num_tokens`, vLLM `kv_cache_size_tokens`) and candidate / baseline; None when
-    neither reports it."""
-    b, c = base.server_info.get("kv_capacity_tokens"), cand.server_info.get("kv_capacity_tokens")
-    if b is None and c is None:
-        return None
-    return {"baseline": b, "candidate": c, "ratio": rounded(c / b) if b and c else None}
+    `max_total_num_tokens`, vLLM `kv_cache_size_tokens`), candidate / baseline, and that ratio split
+    into the KV dtype's share and the memory budgets' (`kvqual.capacity`); None when neither
+    reports it."""
+    return kvcap.split(base.server_info.get("kv_capacity_tokens"), kvcap.kv_dtype(_kv_dtype(base), base.server_info),
+                       cand.server_info.get("kv_capacity_tokens"), kvcap.kv_dtype(_kv_dtype(cand), cand.server_info),
+                       kvcap.kv_memory_gib(base.server_info), kvcap.kv_memory_gib(cand.server_info))
 
 
 def saved_plan(out_dir: Path, policy: GatePolicy) -> LookPlan | None:

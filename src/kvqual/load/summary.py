@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from kvqual import capacity as kvcap
 from kvqual.load import stats
 from kvqual.load.drive import Driven, LoadRequest
 from kvqual.records import public_url
@@ -112,6 +113,9 @@ def summarize_arm(name: str, info: dict[str, Any], model: str, expected_kv_dtype
         "engine": info.get("engine"), "kv_cache_dtype": {"expected": expected_kv_dtype,
                                                          "reported": info.get("kv_cache_dtype")},
         "kv_capacity_tokens": info.get("kv_capacity_tokens"),
+        # what a token is sized by (the model dtype for "auto" where reported) and the KV memory, if reported
+        "kv_size_dtype": kvcap.kv_dtype(info.get("kv_cache_dtype") or expected_kv_dtype, info),
+        "kv_memory_gib": kvcap.kv_memory_gib(info),
         "concurrency": concurrency, "concurrency_source": concurrency_source,
         "requests": {"sent": len(requests), "answered": len(ok), "failed": failed,
                      "cancelled_at_end": cancelled,
@@ -155,6 +159,9 @@ def compare_arms(baseline: dict[str, Any], candidate: dict[str, Any], level: flo
     return {"baseline": baseline["target"], "candidate": candidate["target"], "metric": "output_tok_s",
             "method": "Fieller (independent batch means, Welch-Satterthwaite df)",
             **est.to_json(4), "sustained_running": {"baseline": running(baseline), "candidate": running(candidate)},
+            "capacity": kvcap.split(baseline.get("kv_capacity_tokens"), baseline.get("kv_size_dtype"),
+                                    candidate.get("kv_capacity_tokens"), candidate.get("kv_size_dtype"),
+                                    baseline.get("kv_memory_gib"), candidate.get("kv_memory_gib")),
             "notes": notes}
 
 
@@ -248,6 +255,9 @@ def print_table(doc: dict[str, Any], out: Callable[..., Any] | None = None) -> N
         run = ratio["sustained_running"]
         console.print(f"{ratio['candidate']}/{ratio['baseline']} steady output tok/s: {_ci(ratio, '.3g')}x "
                       f"(95% CI, Fieller); sustained running {_fmt(run['baseline'])} → {_fmt(run['candidate'])}")
+        line = kvcap.sentence(ratio.get("capacity") or {})
+        if line:
+            console.print(line)
     for arm in doc["arms"]:
         for note in arm["notes"]:
             console.print(f"note: {arm['target']}: {note}")

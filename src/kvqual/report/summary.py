@@ -425,13 +425,9 @@ def fit_line(report: Mapping[str, Any]) -> str | None:
 
 def capacity_line(report: Mapping[str, Any]) -> str | None:
     """KV capacity of both arms as their servers report it, and the ratio (what fp8 buys)."""
-    cap = report.get("capacity") or {}
-    b, c, r = cap.get("baseline"), cap.get("candidate"), cap.get("ratio")
-    if b is None and c is None:
-        return None
-    def tok(v: Any) -> str:
-        return "not reported" if v is None else f"{int(v):,} tokens"
-    return f"KV capacity: {tok(b)} → {tok(c)}" + (f" (×{r:.3g})" if r is not None else "")
+    from kvqual.capacity import sentence
+
+    return sentence(report.get("capacity") or {})
 
 
 def sequential_line(report: Mapping[str, Any]) -> str | None:
