@@ -114,7 +114,13 @@ def _more_items(report: Mapping[str, Any], c: Mapping[str, Any], others: int) ->
                 f"difference that small matters before running more; nothing was shown outside its bound.")
     where = ""
     if isinstance(judged, int) and available:
-        where = (f" (raise --max-items: {judged:,} of {available:,} were judged)" if judged < available
+        # which limit stopped it: a budget (the same command again takes the next look), or --max-items
+        stop = str(seq.get("stop") or "")
+        budget = "--max-minutes" if stop.startswith("max_minutes") else \
+            "--budget-tokens" if stop.startswith("budget_tokens") else None
+        where = (f" (raise {budget}, or run the same command again: it continues with the next look; "
+                 f"{judged:,} of {available:,} were judged)" if budget and judged < available
+                 else f" (raise --max-items: {judged:,} of {available:,} were judged)" if judged < available
                  else f" (add items to the suites: all {available:,} were judged)")
     return (f"Run about {n:,} more {unit}{of}{cost} to decide "
             f"{short_label(c)}{where}; nothing was shown outside its bound.")
