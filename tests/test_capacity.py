@@ -27,6 +27,11 @@ def test_the_same_kv_memory_is_all_the_dtype():
                              "2 → 1 bytes a value)")
 
 
+def test_the_same_dtype_and_memory_say_so():
+    assert sentence(split(32_000, "bf16", 32_000, "bf16", 0.687, 0.687)) == (
+        "KV capacity: 32,000 tokens → 32,000 tokens (the same KV dtype, bf16, and the same KV memory)")
+
+
 def test_vllm_block_rounding_is_the_same_budget_but_a_reported_budget_change_is_named():
     assert split(40_000, "bf16", 80_016, "fp8")["same_budget"] is True  # one 16-token block more
     line = sentence(split(32_000, "bf16", 96_000, "fp8", 0.687, 1.03))

@@ -95,6 +95,8 @@ def sentence(cap: Mapping[str, Any]) -> str | None:
     what = (f"{dt.get('baseline')} → {dt.get('candidate')}, {_n(value_bytes(dt.get('baseline')))} → "
             f"{_n(value_bytes(dt.get('candidate')))} bytes a value")
     if cap.get("same_budget"):
+        if d == 1:
+            return f"{head} (the same KV dtype, {dt.get('baseline')}, and the same KV memory)"
         return f"{head} (×{r:.3g}: the KV dtype, {what})"
     gib = cap.get("kv_memory_gib") or {}
     mem = "" if not gib else (f", {_gib(gib.get('baseline'))} → {_gib(gib.get('candidate'))} as the servers report")

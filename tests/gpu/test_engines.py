@@ -69,7 +69,9 @@ def _up() -> list[str]:
 
 
 def _kvqual(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CI": "true", "KVQUAL_CONFIG": str(Path(CONFIG).resolve())}  # type: ignore[arg-type]
+    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # cwd moves
+    env = {**os.environ, "CI": "true", "KVQUAL_CONFIG": str(Path(CONFIG).resolve()),  # type: ignore[arg-type]
+           "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run([sys.executable, "-m", "kvqual", *args, "--out", str(tmp_path / "results")], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=900)
 
@@ -136,7 +138,7 @@ def test_an_unchanged_config_passes(tmp_path):
 @pytest.mark.skipif(len(AA) != 2 or not FP8, reason="KVQUAL_GPU_AA and KVQUAL_GPU_FP8 name the servers")
 def test_an_fp8_compare_ends_in_a_verdict_not_a_fault(tmp_path):
     """bf16 → fp8 on the real engine: PASS, FAIL or INCONCLUSIVE with its report, never exit 2/4/70."""
-    r = _kvqual(tmp_path, "compare", AA[0], FP8)  # type: ignore[arg-type]
+    r = _kvqual(tmp_path, "compare", AA[0], FP8, "--max-minutes", "1.5")  # type: ignore[arg-type]
     assert r.returncode in (0, 1, 3), r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(next((tmp_path / "results").glob("compare-*/report.json")).read_text())
     assert report["verdict"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
