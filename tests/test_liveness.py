@@ -82,3 +82,46 @@ def test_answers_keep_the_work_going_whatever_the_health_check_says():
             server.close()
 
     assert asyncio.run(main()) == 20
+
+
+def test_sglangs_health_generate_is_asked_before_its_health():
+    """SGLang's /health answers 200 from the HTTP process while a hung scheduler fails
+    /health_generate with 503: the latter decides. A server without it (404) is asked /health."""
+    from aiohttp import web
+
+    async def main() -> tuple[str | None, str | None, list[str]]:
+        from kvqual.liveness import unhealthy
+
+        asked: list[str] = []
+
+        async def health(request: web.Request) -> web.Response:
+            asked.append(request.path)
+            return web.Response(text="ok")
+
+        async def stuck(request: web.Request) -> web.Response:
+            asked.append(request.path)
+            return web.Response(status=503)
+
+        runners, urls = [], []
+        for routes in ([web.get("/health", health), web.get("/health_generate", stuck)], [web.get("/health", health)]):
+            app = web.Application()
+            app.add_routes(routes)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1")
+        transports = [Transport(u, "", 10) for u in urls]
+        try:
+            return await unhealthy(transports[0], 5), await unhealthy(transports[1], 5), asked
+        finally:
+            for t in transports:
+                await t.aclose()
+            for r in runners:
+                await r.cleanup()
+
+    sglang_hung, vllm_like, asked = asyncio.run(main())
+    assert sglang_hung == "/health_generate answered HTTP 503"
+    assert vllm_like is None
+    assert asked == ["/health_generate", "/health"]  # the second server: 404 on the first route, then /health

@@ -5,10 +5,10 @@ A request's deadline (`[run] timeout`, 600 s) must allow a long generation on a 
 and a timeout is retried (`[run] retries`, 5): a server that stops answering altogether held
 each request for 6 × 600 s, about an hour of silence before the first failure was even counted.
 Silence alone proves nothing — a long generation is silent too — so after `[run] stall_seconds`
-without any answer while requests wait, the server is asked whether it is alive: GET /health at
-its root, which vLLM and SGLang answer from the engine's state (SGLang's waits for the scheduler
-to make progress, at most 20 s). Any answer below 500 within PROBE_TIMEOUT is life (a server
-without /health answers 404: alive). DEAD_AFTER failed asks in a row, PROBE_EVERY apart, and the
+without any answer while requests wait, the server is asked whether it is alive: SGLang's GET
+/health_generate (503 unless its scheduler made progress within 20 s; its plain /health answers
+200 whatever the scheduler does), else GET /health (vLLM answers it from its engine's state). Any
+answer below 500 within PROBE_TIMEOUT is life (a server without either route answers 404: alive). DEAD_AFTER failed asks in a row, PROBE_EVERY apart, and the
 work stops as an infrastructure fault (exit 4): what was answered is kept, what was not is asked
 again by the next run of the same command.
 """
@@ -32,18 +32,26 @@ DEAD_AFTER = 3  # failed asks in a row: ~stall_seconds + 2 × PROBE_EVERY + PROB
 
 
 async def unhealthy(transport: Transport, timeout: float = PROBE_TIMEOUT) -> str | None:
-    """None when the server answers GET /health below 500 within `timeout`; else what happened."""
+    """None when the server says it is alive within `timeout`; else what happened. SGLang's
+    `/health_generate` first: its plain `/health` answers 200 from the HTTP process whatever the
+    scheduler does (SGLang 0.5.17, http_server.py), while `/health_generate` answers 503 unless
+    the scheduler made progress within 20 s. A server without it (404: vLLM, kvqual serve) is
+    asked `/health`, which vLLM answers from its engine's state."""
     import openai
 
-    try:
-        await transport.send("GET", "/health", at_root=True, timeout=timeout)
-        return None
-    except openai.APIStatusError as exc:
-        return None if exc.status_code < 500 else f"/health answered HTTP {exc.status_code}"
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to answer is the evidence
-        return f"/health: {classify(exc).message}"
+    for path in ("/health_generate", "/health"):
+        try:
+            await transport.send("GET", path, at_root=True, timeout=timeout)
+            return None
+        except openai.APIStatusError as exc:
+            if exc.status_code in (404, 405) and path == "/health_generate":
+                continue  # not SGLang: its /health
+            return None if exc.status_code < 500 else f"{path} answered HTTP {exc.status_code}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to answer is the evidence
+            return f"{path}: {classify(exc).message}"
+    return None
 
 
 class Liveness:
