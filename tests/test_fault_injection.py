@@ -214,7 +214,8 @@ def figures(report: dict) -> dict:
     return {"verdict": v["verdict"],
             "criteria": [{k: c.get(k) for k in ("name", "suite", "status", "estimate", "ci_low", "ci_high", "n")}
                          for c in v["criteria"]],
-            "suites": report["suites"], "teacher_forcing": report["teacher_forcing"]}
+            "suites": report["suites"],  # teacher forcing's counts, not what the faults cost it (its `cost`)
+            "teacher_forcing": {k: v for k, v in report["teacher_forcing"].items() if k != "cost"}}
 
 
 def test_faults_cost_retries_never_answers(tmp_path, fake_server, proxy):
@@ -252,6 +253,10 @@ def test_faults_cost_retries_never_answers(tmp_path, fake_server, proxy):
     # what the faults cost teacher forcing is said, not hidden (the clean compare's passes cost nothing)
     assert re.search(r"teacher forcing .* on cand: \d+ s, \d+ requests \(\d+ attempts after a failure", err), err
     assert not re.search(r"\([1-9]\d* attempts after a failure", err_clean), err_clean
+    cost, clean_cost = rep["teacher_forcing"]["cost"], rep_clean["teacher_forcing"]["cost"]
+    assert cost["candidate"]["retried"] > 0 and cost["baseline"]["retried"] > 0, cost  # report.json says it too
+    assert clean_cost["candidate"]["retried"] == clean_cost["baseline"]["retried"] == 0, clean_cost
+    assert cost["candidate"]["requests"] >= N * 4 // 5, cost
     assert rep["teacher_forcing"]["usable"] == N * 4 // 5  # completions items forced; chat ones counted apart
     attempts = {}
     for arm in ("baseline", "candidate", "aa"):

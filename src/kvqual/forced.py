@@ -177,6 +177,20 @@ def window_limit_of(base_dir: Path, scorer_run_id: str) -> tuple[bool, int | Non
 
 
 
+COST_KEYS = ("requests", "retried", "reconnects")
+
+
+def forcing_cost(base_dir: Path, scorer_run_id: str) -> dict[str, int] | None:
+    """What teacher forcing on one scoring server has cost so far, every round and pass together:
+    requests sent, attempts after a failure, reconnects (beside the window limit, `window_file`);
+    None when not recorded (forced before kvqual recorded it)."""
+    try:
+        cost = json.loads(window_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))["cost"]
+        return {k: int(cost.get(k, 0)) for k in COST_KEYS}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def refusal_file(base_dir: Path, scorer_run_id: str) -> Path:
     """Where a compare records that a server's echo failed the trust check (so no round forces it
     again, and `kvqual report` says the same thing offline)."""

@@ -13,7 +13,7 @@ from typing import Callable
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import EchoDisagreement, InfrastructureError
 from kvqual.liveness import Liveness
-from kvqual.forced import FAILED, refusal, refusal_file, teacher_file, window_file
+from kvqual.forced import COST_KEYS, FAILED, forcing_cost, refusal, refusal_file, teacher_file, window_file
 from kvqual.forcing.sglang import SglangForcer
 from kvqual.forcing.teacher import TeacherForcer, check_echo_trust, force_all, trust_sample
 from kvqual.news import say
@@ -53,8 +53,13 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
     forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
                         run.timeout, run.concurrency, run.retries).limit_to(limit)
-    write_json_atomic(window_file(base_dir, manifest.run_id), {"target": target.name, "run_id": manifest.run_id,
-                                                               "max_prompt": limit})
+    before = forcing_cost(base_dir, manifest.run_id) or dict.fromkeys(COST_KEYS, 0)  # earlier rounds' cost
+
+    def record(cost: dict[str, int]) -> None:
+        write_json_atomic(window_file(base_dir, manifest.run_id), {"target": target.name, "run_id": manifest.run_id,
+                                                                   "max_prompt": limit, "cost": cost})
+
+    record(before)
     probe = any(item.meta and "cache_wave" in item.meta for item in items.values())
     if forcer_cls is TeacherForcer and (target.cold or probe):  # SGLang has no cache_salt
         forcer.salted(f"kvqual-forced:{manifest.run_id}:{'again' if again else 'first'}")
@@ -105,4 +110,6 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                 if forcer.retried or forcer.reconnects else ""))
         return trust
     finally:
+        spent = {"requests": forcer.requests, "retried": forcer.retried, "reconnects": forcer.reconnects}
+        record({k: before[k] + spent[k] for k in COST_KEYS})  # kept whatever ends the pass (report.json says it)
         await forcer.aclose()

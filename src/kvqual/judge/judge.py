@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from kvqual import __version__
 from kvqual import capacity as kvcap
-from kvqual.forced import load_forced, refusal, teacher_file, window_limit_of
+from kvqual.forced import forcing_cost, load_forced, refusal, teacher_file, window_limit_of
 from kvqual.judge import metrics as mx
 from kvqual.judge import positions as pos
 from kvqual.judge import speed as sp
@@ -179,7 +179,10 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
                 "methods": {"ids": methods.get("ids", 0), "text": methods.get("text", 0)},
                 # candidate pairs whose completion was longer than the server admits, scored in windows
                 "chunked": sum(1 for k, f in forced_c.items() if f.chunks and (k[0], k[1]) in judged),
-                "window_limit": _window_limits(base_dir, bm, cm) if teacher_forcing else None},
+                "window_limit": _window_limits(base_dir, bm, cm) if teacher_forcing else None,
+                # what forcing cost on each server, every round together (retries and reconnects are the faults')
+                "cost": ({"baseline": forcing_cost(base_dir, bm.run_id), "candidate": forcing_cost(base_dir, cm.run_id)}
+                         if teacher_forcing else None)},
             "capacity": capacity(bm, cm),
             # prompts a server refused as longer than its context: left out of both arms, neither answer nor failure
             "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
