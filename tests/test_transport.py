@@ -13,7 +13,7 @@ from kvtest import LoopbackServer
 from kvqual import bodies
 from kvqual.retry import CLOSED_MID_BODY, RetryPolicy, classify
 from kvqual.bodies import BodyBudget
-from kvqual.transport import Transport
+from kvqual.transport import Transport, close_all
 
 ANSWER = {"choices": [{"index": 0, "text": " ok " + "x" * 80, "finish_reason": "stop", "logprobs": None}]}
 
@@ -157,3 +157,33 @@ def test_a_user_password_base_url_is_basic_auth_and_never_recorded() -> None:
     assert "p@ss-word-123" not in redact("refused: p@ss-word-123") and header[6:] not in redact(header)
     t = Transport("http://kvq:p%40ss-word-123@127.0.0.1:8000/v1", "", 5.0)
     assert t.base_url == "http://127.0.0.1:8000/v1"
+
+
+def test_closing_is_whole_even_when_cancelled_and_no_session_is_made_after():
+    """A cancellation arriving while a transport closes still leaves both sessions closed (else
+    aiohttp prints "Unclosed client session" at exit, below kvqual's last line: seen in CI), and a
+    request still on its way after the close fails as a connection error instead of opening one."""
+    server = LoopbackServer(answer=lambda body: ANSWER)
+
+    async def go() -> tuple[object, object, object, str]:
+        transports = [Transport(server.base_url, "", timeout=5.0) for _ in range(3)]
+        for t in transports:
+            await t.post_json("/completions", {"model": "m", "prompt": "p"})  # each has its session now
+        sessions = [t._session for t in transports]  # noqa: SLF001
+        closing = asyncio.ensure_future(close_all(transports))
+        await asyncio.sleep(0)  # inside the first close
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        try:
+            await transports[0].post_json("/completions", {"model": "m", "prompt": "p"})
+        except Exception as exc:  # noqa: BLE001 - what the runner would record
+            after = classify(exc).message
+        else:
+            after = "answered"
+        return sessions, [t._session for t in transports], [t._client.is_closed() for t in transports], after
+
+    sessions, now, sdk_closed, after = asyncio.run(go())
+    assert all(s.closed for s in sessions), "a cancelled close left a session open"
+    assert now == [None, None, None] and all(sdk_closed)
+    assert after == "connection error: ClientConnectionError: the transport was closed", after

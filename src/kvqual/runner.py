@@ -32,7 +32,7 @@ from kvqual.retry import RetryPolicy
 from kvqual.store import FLUSH_SECONDS, RunLock, RunStore, answered_keys, failure_summary
 from kvqual.suites import LoadedSuite
 from kvqual.telemetry import Scraper
-from kvqual.transport import Transport
+from kvqual.transport import Transport, close_all
 
 
 @dataclass
@@ -242,9 +242,16 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         # task arriving in that await would be taken for the flusher's own and swallowed
         flusher.cancel()
         bar.close()
-        server_metrics = await scraper.stop()
-        for t in transports:
-            await t.aclose()
+        interrupted: BaseException | None = None  # a cancellation arriving here: connections and manifest first
+        server_metrics = None
+        try:
+            server_metrics = await scraper.stop()
+        except BaseException as exc:  # noqa: BLE001 - raised below, once the run is closed
+            interrupted = exc
+        try:
+            await close_all(transports)
+        except BaseException as exc:  # noqa: BLE001 - as above
+            interrupted = interrupted or exc
         before = store.manifest.counts
         counts = {**before, "units": total, "ok": len(store.done) - len(store.unfit), "failed": total - len(store.done),
                   "does_not_fit": len(store.unfit),
@@ -259,6 +266,8 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
                                                  else store.manifest.server_metrics))
         store.write_manifest()
         store.close()
+        if interrupted is not None:
+            raise interrupted
     if failed_rate > run.max_failed_rate:
         raise InfrastructureError(
             f"{plan.target.name}: {total - len(store.done)} of {total} requests failed "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kvqual.probe import parse_prometheus
-from kvqual.transport import Transport
+from kvqual.transport import Transport, close_all
 
 Parsed = Mapping[str, list[tuple[dict[str, str], float]]]
 
@@ -171,20 +171,21 @@ class Scraper:
 
     async def stop(self) -> dict[str, Any] | None:
         """A last scrape and the summary; None when no replica exports Prometheus metrics."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():  # this task's own cancellation arrived meanwhile
-                    raise
         if self._transports is None:
             return None
-        if self._scrapes:
-            await self._scrape()
-        for transport in self._transports.values():
-            await transport.aclose()
+        try:
+            if self._task is not None:
+                self._task.cancel()
+                try:
+                    await self._task
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():  # this task's own cancellation arrived meanwhile
+                        raise
+            if self._scrapes:
+                await self._scrape()
+        finally:
+            await close_all(self._transports.values())
         if not self._scrapes or self._t0 is None or self._t1 is None:
             return None
         first = _merge(self._first.values())

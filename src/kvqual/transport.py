@@ -19,7 +19,7 @@ import json
 import os
 import time
 from urllib.parse import unquote, urlsplit
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import httpx
 
@@ -90,6 +90,7 @@ class Transport:
         )
         self._direct = plain_http and "?" not in self.base_url and "#" not in self.base_url and not _proxied()
         self._session: Any = None  # the direct path's aiohttp session, made in the loop that first sends
+        self._closed = False  # after aclose no session is made again (one would outlive the loop unclosed)
         self._headers: dict[str, str] | None = None
 
     async def post_json(self, path: str, body: Mapping[str, Any], *, at_root: bool = False,
@@ -120,6 +121,11 @@ class Transport:
         """One request within its deadline (all of it, the body read included; past it, the SDK's
         timeout error, which `classify` calls "timeout"), its body held in the budget until parsed."""
         url = f"{server_root(self.base_url) if at_root else self.base_url}/{path.lstrip('/')}"
+        if self._closed:  # a request still on its way when its owner closed this transport: no new session
+            import aiohttp
+
+            closed = aiohttp.ClientConnectionError("the transport was closed")
+            raise _sdk_error(closed, method, url) from closed
         lease = bodies.BUDGET.lease()
         deadline = asyncio.timeout(timeout if timeout is not None else self._timeout)
         try:
@@ -230,10 +236,37 @@ class Transport:
         return chunks, first, last  # the SDK decodes SSE events, NaN included: the parsers check logprobs
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        await self._client.close()
+        """Close both sessions, whole even when a cancellation arrives meanwhile (the cancellation is
+        raised after): a session cut short in its close is reported unclosed at exit, on stderr below
+        kvqual's last line."""
+        self._closed = True
+        session, self._session = self._session, None
+        closing = asyncio.ensure_future(self._close(session))
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            await asyncio.wait({closing})
+            raise
+
+    async def _close(self, session: Any) -> None:
+        try:
+            if session is not None:
+                await session.close()
+        finally:
+            await self._client.close()
+
+
+async def close_all(transports: Iterable[Transport]) -> None:
+    """Close every one of `transports`, all of them even when a cancellation arrives in between;
+    that cancellation is raised once they are closed."""
+    interrupted: BaseException | None = None
+    for transport in transports:
+        try:
+            await transport.aclose()
+        except BaseException as exc:  # noqa: BLE001 - raised once every one is closed
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def _timed_out(method: str, url: str) -> BaseException:

@@ -30,7 +30,7 @@ from kvqual.plan import item_order
 from kvqual.retry import backoff_delay
 from kvqual.runner import request_one
 from kvqual.telemetry import metrics_text, snapshot, source_of
-from kvqual.transport import Transport
+from kvqual.transport import Transport, close_all
 
 SCRAPE_INTERVAL_S = 1.0
 PROGRESS_EVERY_S = 15.0
@@ -215,8 +215,7 @@ async def drive(target: Target, items: tuple[Item, ...], params: GenerationParam
             if task is not None:
                 task.cancel()
         await asyncio.gather(*(t for t in (*workers, poller, reporter) if t is not None), return_exceptions=True)
-        for t in (*scrapers, *transports):
-            await t.aclose()
+        await close_all((*scrapers, *transports))
     if abort:
         raise abort[0]
     return Driven(tuple(sorted(requests, key=lambda r: r.start)), tuple(scrapes), duration_s,
