@@ -204,6 +204,21 @@ def test_a_missing_token_criterion_is_never_a_pass() -> None:
     assert "--no-teacher-forcing" in _by_name(v)["kl_excess"].detail
 
 
+def test_token_pairs_without_kl_judge_top1_alone() -> None:
+    # `kvqual audit` without a candidate server scores the audited tokens on one server: top-1 agreement is
+    # measured, KL is not; kl_excess is not evaluated (with why), never passed, and top-1 still decides
+    good = dict(accuracy=(_accuracy(2000, 20, 20),), **_ok_requests(2000))
+    t = _tokens(400)
+    one = TokenPairs(None, None, t.top1_cand, t.top1_floor, kl_missing="no candidate server: KL needs its distribution")
+    c = _by_name(decide(GatePolicy(), GateInputs(**good, tokens=one), RNG(0)))
+    assert c["kl_excess"].status == "not_evaluated" and "no candidate server" in c["kl_excess"].detail
+    assert c["top1_loss"].status == "pass"
+    worse = TokenPairs(None, None, np.clip(t.top1_cand - 0.12, 0, 1), t.top1_floor, kl_missing="none")
+    assert _by_name(decide(GatePolicy(), GateInputs(**good, tokens=worse), RNG(0)))["top1_loss"].status == "fail"
+    with pytest.raises(ValueError, match="come together"):
+        TokenPairs(t.kl_cand, None, t.top1_cand, t.top1_floor)
+
+
 def test_bootstrap_option_agrees_with_t_on_clear_cases() -> None:
     pol = GatePolicy(bootstrap_resamples=999)
     assert _by_name(decide(pol, GateInputs(tokens=_tokens(200, kl_shift=0.054)), RNG(0)))["kl_excess"].status == "fail"

@@ -494,7 +494,10 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
                      f"min_token_coverage {policy.min_token_coverage:.0%}); run the same command again to retry them")
     out: list[Criterion] = []
     for name, bound in bounds.items():
-        if tp is None or tp.kl_cand.size < 2 or n_clusters(tp.clusters, tp.kl_cand.size) < 2:
+        if name == "kl_excess" and tp is not None and tp.kl_cand is None:
+            out.append(not_evaluated(name, "at_most", None, bound, tp.kl_missing or "KL not measured"))
+            continue
+        if tp is None or tp.top1_cand.size < 2 or n_clusters(tp.clusters, tp.top1_cand.size) < 2:
             out.append(Criterion(name, None, "inconclusive", "at_most", None, bound, infrastructure=infrastructure,
                                  detail=short or "teacher forcing gave fewer than 2 usable pairs with an A/A floor"))
             continue

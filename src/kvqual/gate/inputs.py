@@ -95,15 +95,19 @@ class RatePairs:
 class TokenPairs:
     """Per-unit teacher-forced metrics: candidate vs baseline and the A/A floor, same units."""
 
-    kl_cand: np.ndarray  # mean per-token KL(A‖B) of each unit
-    kl_floor: np.ndarray  # mean per-token KL(A‖A') of the same unit
+    kl_cand: np.ndarray | None  # mean per-token KL(A‖B) of each unit; None: not measured (`kl_missing` says why)
+    kl_floor: np.ndarray | None  # mean per-token KL(A‖A') of the same unit
     top1_cand: np.ndarray  # share of the unit's tokens where A and B agree on top-1
     top1_floor: np.ndarray  # same for A vs A'
     clusters: np.ndarray | None = None
     floor_note: str = ""  # how the floor was obtained (measured, or reproduced bit for bit)
+    kl_missing: str = ""  # why there is no KL (`kvqual audit` without a candidate server has one distribution)
 
     def __post_init__(self) -> None:
-        _freeze(self, {"kl_cand": float, "kl_floor": float, "top1_cand": float, "top1_floor": float})
+        if (self.kl_cand is None) != (self.kl_floor is None):
+            raise ValueError("kl_cand and kl_floor come together")
+        kl = {} if self.kl_cand is None else {"kl_cand": float, "kl_floor": float}
+        _freeze(self, {**kl, "top1_cand": float, "top1_floor": float})
 
 
 @dataclass(frozen=True)
