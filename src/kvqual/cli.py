@@ -39,7 +39,7 @@ environment: every long option of run, compare, report and load can be set as KV
   the command line wins
 """
 
-ENV_COMMANDS = ("run", "compare", "report", "load")  # `serve` is launched by kvqual itself with explicit flags
+ENV_COMMANDS = ("run", "compare", "report", "load", "audit")  # `serve` is launched by kvqual itself with explicit flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kvqual.compare import cli as compare_cli
 
     compare_cli.add_parsers(sub, add_run_options)
+
+    from kvqual.audit import cli as audit_cli
+
+    audit_cli.add_parser(sub, add_run_options)
 
     from kvqual.load import cli as load_cli
 

@@ -204,6 +204,11 @@ class TeacherForcer:
             self._rendered[key] = asyncio.ensure_future(self._tokenize(body))
         return await self._rendered[key]
 
+    async def completion_ids(self, text: str) -> list[int] | None:
+        """A completion's text as this server's token ids, without special tokens (`kvqual audit`: outputs
+        saved as text); None when the server offers no /tokenize, or the text is empty."""
+        return await self._tokenize({"prompt": text, "add_special_tokens": False}) if text else None
+
     async def force(self, item: Item, sample: Sample) -> Forced:
         """One baseline completion scored on this server: exact token ids where both the generation
         and this server allow it, else text alignment (completions items only). A request that fails

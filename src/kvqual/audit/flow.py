@@ -1,0 +1,197 @@
+"""`kvqual audit OUTPUTS --against REF [--candidate CAND]`: outputs a config already produced, judged
+without generating them again (docs/audit.md).
+
+A seeded, stratified sample of OUTPUTS (`suites.outputs.draw`) is judged in looks, as a compare is:
+look k covers the first `sizes[k]` sampled outputs in the seeded item order (`gate.look_sizes`). For
+each look the audit
+1. generates the reference's own greedy outputs for the look's prompts with the same max_tokens (the
+   floor; `runner.run_target`, a run folder like any other, so a second audit of the same prompts reuses it);
+2. teacher-forces the floor outputs on the reference (`forcing.rounds.teacher_force`, with its check that
+   the reference's echo scores its own outputs), and the audited outputs — as token ids, from the file or
+   the reference's /tokenize — on the reference, and with a candidate on the candidate too, plus the
+   reference a second time on the first look's first 32 (every one, if those do not reproduce bit for bit);
+3. asks the judge (`judge.audit.judge_audit`, pure over what was saved) and stops at the first decided
+   look, at the end of the sample, or when the next look would overrun `max_minutes`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from kvqual.config import Config, RunDefaults, Target
+from kvqual.errors import InfrastructureError, UsageError
+from kvqual.forced import teacher_file
+from kvqual.forcing import rounds as forcing
+from kvqual.forcing.sglang import SglangForcer
+from kvqual.forcing.teacher import TeacherForcer, force_all
+from kvqual.gate import Verdict, look_sizes
+from kvqual.judge.arms import Forcing, floor_reproduced, forcing_of
+from kvqual.judge.audit import judge_audit
+from kvqual.news import say
+from kvqual.plan import item_order
+from kvqual.probe import describe
+from kvqual.records import Item, RunManifest, Sample, SuiteRef, TokenLogprobs, dumps_line
+from kvqual.runner import run_target
+from kvqual.store import load_samples
+from kvqual.suites import LoadedSuite, suite_hash
+from kvqual.suites.outputs import SUITE, Drawn, Output
+
+AA_PROBE = 32  # audited outputs the reference scores twice at the first look (as compare's flow does)
+
+
+@dataclass
+class AuditResult:
+    verdict: Verdict
+    figures: dict[str, Any]
+    sizes: list[int]
+    planned: list[int]
+    stop: str
+    floor_run: str | None
+
+
+def _items(drawn: Drawn, max_tokens: int | None) -> dict[tuple[str, str], Item]:
+    items = {}
+    for o in drawn.outputs:
+        limit = o.item.max_tokens or max_tokens
+        if limit is None:
+            raise UsageError(f"line {o.line} of the outputs does not say the max_tokens it was generated with, "
+                             "and the floor must be generated with the same: give --max-tokens N")
+        items[(SUITE, o.item.id)] = replace(o.item, max_tokens=limit)  # the same prompts: the same floor run
+    return items
+
+
+def _sample(o: Output, item: Item, ids: list[int]) -> Sample:
+    """An audited output as a sample (the file's text and tokens; no request was sent for it). Where
+    the file gives no finish reason, an output that reached max_tokens counts as truncated."""
+    finish = o.finish_reason or ("length" if item.max_tokens is not None and len(ids) >= item.max_tokens else "stop")
+    lp = TokenLogprobs(tokens=tuple("" for _ in ids), token_logprobs=tuple(None for _ in ids), token_ids=tuple(ids))
+    return Sample(item.id, SUITE, 0, o.text, finish, len(ids), None, logprobs=lp, context_id=item.context_id,
+                  prompt_hash=item.prompt_hash)
+
+
+class Audit:
+    """One `kvqual audit`: the looks, the forcing passes and the judging after each."""
+
+    def __init__(self, config: Config, run: RunDefaults, drawn: Drawn, source: str, ref: Target,
+                 cand: Target | None, out_dir: Path, max_tokens: int | None = None) -> None:
+        self.config, self.drawn, self.ref, self.cand, self.out = config, drawn, ref, cand, out_dir
+        self.run = replace(run, repeats=1, max_failed_rate=config.gate.max_failed_rate)
+        self.items = _items(drawn, max_tokens)  # --max-tokens where the file does not say
+        self.outputs = {o.item.id: o for o in drawn.outputs}
+        self.suite = LoadedSuite(SuiteRef(SUITE, source, suite_hash(list(self.items.values())), len(self.items)),
+                                 tuple(self.items.values()))
+        self.order = [(s, i, 0) for s, i in item_order(self.items, self.run.seed)]
+        self.sizes = look_sizes(len(self.order), config.gate.looks, config.gate.first_look)
+        self.audited: dict[tuple[str, str, int], Sample] = {}
+
+    def _forcer(self, target: Target, info: dict[str, Any], limit: int | None) -> TeacherForcer:
+        """A forcer for `target` as `info` (what the server reported) describes it: its engine, its model."""
+        cls = SglangForcer if info.get("engine") == "sglang" else TeacherForcer
+        model = target.model or next(iter(info.get("models") or []), "")
+        return cls(target.base_url, target.api_key(), model, max(self.run.top_logprobs, 5),
+                   self.run.timeout, self.run.concurrency, self.run.retries).limit_to(limit)
+
+    async def _audited(self, forcer: TeacherForcer, keys: list[tuple[str, str, int]]) -> None:
+        """The look's audited outputs as samples with token ids (the file's, else the reference's /tokenize)."""
+        import asyncio
+
+        async def one(key: tuple[str, str, int]) -> None:
+            o, item = self.outputs[key[1]], self.items[(key[0], key[1])]
+            ids = list(o.token_ids) if o.token_ids else await forcer.completion_ids(o.text)
+            if ids is None and o.text:
+                raise InfrastructureError(f"{self.ref.name}: /tokenize gave no token ids for an audited completion "
+                                          f"(line {o.line}); the audit scores by token ids")
+            self.audited[key] = _sample(o, item, ids or [])
+
+        await asyncio.gather(*(one(k) for k in keys if k not in self.audited))
+
+    async def execute(self) -> AuditResult:
+        from kvqual.launch import serving
+
+        rd = self.run.results_dir
+        if self.cand is not None:
+            async with serving(self.ref, rd) as ref, serving(self.cand, rd) as cand:
+                return await self._looks(ref, cand)
+        async with serving(self.ref, rd) as ref:
+            return await self._looks(ref, None)
+
+    async def _looks(self, ref: Target, cand: Target | None) -> AuditResult:
+        self.out.mkdir(parents=True, exist_ok=True)
+        limit = await forcing.common_window_limit(ref, cand) if cand is not None else None
+        cand_info = await describe(cand.base_url, cand.api_key(), timeout=30.0) if cand is not None else {}
+        started, spent = time.monotonic(), 0.0
+        verdict, figures, stop, floor_m = None, {}, "", None
+        budget = (self.run.max_minutes or 0) * 60
+        for k, n in enumerate(self.sizes):
+            if k and budget and spent / self.sizes[k - 1] * n > budget:
+                stop = (f"stopped before look {k + 1} ({n} outputs): at this rate it would take "
+                        f"~{spent / self.sizes[k - 1] * n / 60:.1f} min of the {budget / 60:g}-minute budget "
+                        "(--max-minutes)")
+                break
+            keys = self.order[:n]
+            say(f"audit look {k + 1}/{len(self.sizes)}: {n} outputs")
+            floor_m = await run_target(ref, (self.suite,), self.run, items_upto=n)
+            floor_dir = Path(self.run.results_dir) / floor_m.run_id
+            ref_forcer = self._forcer(ref, {"engine": floor_m.server_info.get("engine"), "models": [floor_m.model]},
+                                      limit)
+            try:
+                await self._audited(ref_forcer, keys)
+                self._save()
+                await forcing.teacher_force(ref, floor_m, floor_dir, self.items, self.run, floor_dir,
+                                            keys={(s, i) for s, i, _ in keys}, limit=limit)
+                samples = [self.audited[key] for key in keys]
+                t0 = time.perf_counter()
+                await force_all(ref_forcer, self.items, samples, self._file("reference"))
+                say(f"teacher forcing {len(samples)} audited outputs on {ref.name}: {time.perf_counter() - t0:.0f} s, "
+                    f"{ref_forcer.requests} requests")
+                if cand is not None:
+                    # the A/A floor: the first look's first AA_PROBE scored twice; every output, if those differ
+                    again = self._file("reference-again")
+                    if k == 0:
+                        await force_all(ref_forcer, self.items, samples[:AA_PROBE], again)
+                    if not self._reproduced(forcing_of(self._file("reference")), again):
+                        await force_all(ref_forcer, self.items, samples, again)
+            finally:
+                await ref_forcer.aclose()
+            if cand is not None:
+                cand_forcer = self._forcer(cand, cand_info, limit)
+                try:
+                    await force_all(cand_forcer, self.items, samples, self._file("candidate"))
+                finally:
+                    await cand_forcer.aclose()
+            spent = time.monotonic() - started
+            verdict, figures = self._judge(floor_m, floor_dir, k + 1)
+            if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
+                stop = f"decided at look {k + 1} of {len(self.sizes)} ({n} outputs)"
+                break
+            stop = f"the sample is spent: all {n} outputs judged at look {k + 1} of {len(self.sizes)}"
+        assert verdict is not None, "the first look always runs"
+        taken = len([s for s in self.sizes if s <= figures.get("units", 0)])
+        return AuditResult(verdict, figures, self.sizes[:taken], self.sizes, stop,
+                           floor_m.run_id if floor_m else None)
+
+    def _reproduced(self, first: Forcing, again: Path) -> bool:
+        return again.exists() and floor_reproduced(first, forcing_of(again))
+
+    def _file(self, scorer: str) -> Path:
+        return self.out / f"forced-{scorer}.jsonl"
+
+    def _save(self) -> None:
+        """The audited outputs judged so far, as samples (what the judge reads back with `kvqual audit` again)."""
+        with open(self.out / "audited.jsonl", "w", encoding="utf-8") as fh:
+            for key in self.order:
+                if key in self.audited:
+                    fh.write(dumps_line(self.audited[key].to_json()))
+
+    def _judge(self, floor_m: RunManifest, floor_dir: Path, looks: int) -> tuple[Verdict, dict[str, Any]]:
+        floor = load_samples(floor_dir, "inline")
+        on_ref = forcing_of(self._file("reference"))
+        floor_forced = forcing_of(teacher_file(floor_dir, floor_m.run_id))
+        on_cand = forcing_of(self._file("candidate")) if self.cand is not None else None
+        again = forcing_of(self._file("reference-again")) if self.cand is not None else None
+        return judge_audit(self.items, self.audited, floor, on_ref, floor_forced, on_cand, again, self.order,
+                           self.sizes[:looks], self.sizes, self.config.gate, self.run.seed,
+                           {i: o.line for i, o in self.outputs.items()})
