@@ -164,7 +164,8 @@ def test_the_checks_see_a_violation() -> None:
 def test_the_judge_loads_no_transport() -> None:
     """Importing the judge (what `kvqual report` runs) loads no transport, no server code, and no
     HTTP library: it is pure over the files by its imports, not by promise."""
-    code = ("import sys\nimport kvqual.judge.judge, kvqual.report, kvqual.report.console\n"
+    code = ("import sys\nimport kvqual.judge.judge, kvqual.judge.audit, kvqual.report, kvqual.report.console, "
+            "kvqual.report.audit\n"
             f"bad = {JUDGE_MUST_NOT_LOAD!r}\n"
             "print('\\n'.join(sorted(m for m in sys.modules if any(m == b or m.startswith(b + '.') for b in bad))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

@@ -1,0 +1,98 @@
+"""`kvqual audit` end to end against fake servers on loopback (tests/fakeserver.py speaks token ids)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def kvqual(tmp_path, *args):
+    env = {**os.environ, "CI": "true"}
+    return subprocess.run([sys.executable, "-m", "kvqual", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def outputs(path, n, completion=lambda i: f" {i}", **extra):
+    """n outputs as the fake server would generate them (its answer to "[[answer=i]]" is " i")."""
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"o{i}", "prompt": f"Question {i}: [[answer={i}]] A:", "completion": completion(i),
+                                 "max_tokens": 16, "category": "even" if i % 2 else "odd", **extra}) + "\n")
+    return path
+
+
+def setup(tmp_path, fake_server, *cand_flags):
+    ref = fake_server("--token-ids", "--kv-cache-dtype", "bf16")
+    toml = f'[targets.ref]\nbase_url = "{ref.base_url}"\nkv_cache_dtype = "bf16"\n'
+    if cand_flags:
+        cand = fake_server("--token-ids", "--kv-cache-dtype", "fp8_e4m3", *cand_flags)
+        toml += f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8_e4m3"\n'
+    (tmp_path / "kvqual.toml").write_text(toml)
+
+
+def report_of(tmp_path):
+    path, = (tmp_path / "results").glob("audit-*/report.json")
+    return json.loads(path.read_text())
+
+
+def criterion(report, name):
+    return next(c for c in report["verdict"]["criteria"] if c["name"] == name)
+
+
+def test_outputs_the_reference_would_give_pass_and_a_clean_sample_stops_at_the_first_look(tmp_path, fake_server):
+    setup(tmp_path, fake_server)
+    outputs(tmp_path / "out.jsonl", 300)
+    r = kvqual(tmp_path, "audit", "out.jsonl", "--against", "ref")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("PASS")
+    rep = report_of(tmp_path)
+    assert rep["sequential"]["sizes"] == [124] and rep["sequential"]["planned"] == [124, 300]
+    assert criterion(rep, "kl_excess")["status"] == "not_evaluated"
+    assert "no candidate server" in criterion(rep, "kl_excess")["detail"]
+    assert criterion(rep, "top1_loss")["status"] == "pass"
+    assert criterion(rep, "length_ratio")["estimate"] == pytest.approx(1.0)
+    f = rep["figures"]
+    assert f["units"] == 124 and f["scored"] == 124 and f["tokens_scored"] > 124
+    assert rep["outputs"]["lines"] == 300 and rep["outputs"]["strata"] == {"category:odd": 150, "category:even": 150}
+    assert f["mean_logprob"]["difference"]["estimate"] == pytest.approx(0.0)
+    assert len(f["most_drifted"]) == 10 and f["most_drifted"][0]["line"] is not None
+    assert (tmp_path / "results" / rep["floor_run"] / "manifest.json").exists()  # the floor is a run like any other
+    assert list((tmp_path / "results").glob("audit-*/report.md"))
+
+
+def test_outputs_three_times_longer_fail_on_length(tmp_path, fake_server):
+    setup(tmp_path, fake_server)
+    outputs(tmp_path / "out.jsonl", 130, completion=lambda i: f" {i} {i} {i}")
+    r = kvqual(tmp_path, "audit", "out.jsonl", "--against", "ref")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = report_of(tmp_path)
+    assert rep["verdict"]["verdict"] == "FAIL" and criterion(rep, "length_ratio")["status"] == "fail"
+
+
+def test_a_candidate_whose_distributions_moved_fails_on_kl(tmp_path, fake_server):
+    setup(tmp_path, fake_server, "--logprob-noise", "0.6")
+    outputs(tmp_path / "out.jsonl", 130)
+    r = kvqual(tmp_path, "audit", "out.jsonl", "--against", "ref", "--candidate", "cand")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = report_of(tmp_path)
+    kl = criterion(rep, "kl_excess")
+    assert kl["status"] == "fail" and kl["estimate"] > 0.012
+    assert rep["figures"]["candidate"]["floor"] == "reproduced bit for bit"
+
+
+@pytest.mark.parametrize("lines, args, words", [
+    ([{"prompt": "p", "completion": "c", "max_tokens": 8}, {"prompt": "p"}], (), "out.jsonl:2: no completion"),
+    ([{"prompt": "p", "completion": "c"}], (), "line 1 of the outputs does not say the max_tokens"),
+    ([{"custom_id": "r", "response": {"status_code": 200, "body": {"choices": [{"text": "x"}]}}}], (),
+     "--batch-input"),
+    ([{"prompt": "p", "completion": "c", "max_tokens": 8}], ("--against", "nosuch"), "nosuch"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_request(tmp_path, fake_server, lines, args, words):
+    setup(tmp_path, fake_server)
+    (tmp_path / "out.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = kvqual(tmp_path, "audit", "out.jsonl", *(args or ("--against", "ref")))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not list((tmp_path / "results").glob("audit-*")) if (tmp_path / "results").exists() else True
