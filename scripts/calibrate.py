@@ -665,7 +665,7 @@ def cell_seed(seed: int, *key: object) -> int:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-GATE_SOURCES = ("src/kvqual/gate/*.py", "src/kvqual/stats.py")
+GATE_SOURCES = ("src/kvqual/gate/*.py", "src/kvqual/stats/*.py")
 
 
 def gate_fingerprint() -> dict[str, str]:
@@ -683,7 +683,7 @@ def gate_fingerprint() -> dict[str, str]:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    dirty = git("status", "--porcelain", "--", "src/kvqual/gate", "src/kvqual/stats.py")
+    dirty = git("status", "--porcelain", "--", "src/kvqual/gate", "src/kvqual/stats")
     return {"commit": git("rev-parse", "--short", "HEAD") or "unknown", "dirty": "yes" if dirty else "no",
             "sources": digest}
 
