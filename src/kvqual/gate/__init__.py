@@ -3,6 +3,8 @@
     policy.py      `[gate]`: bounds, α, mode (default | strict), planned looks
     inputs.py      the paired arrays it judges, every unit tagged with its cluster (item or context)
     criteria.py    one function per criterion: estimate, interval, pass and fail tests, n_more
+    criterion.py   the `Criterion` value and the one-sided t test the criteria share
+    tokens.py      the token-level criteria (KL, top-1): betting bound, Hall-corrected t
     sequential.py  Pocock nominal levels that keep α over K looks
     verdict.py     Holm over fail tests, intersection–union over primary criteria, the replay of looks
 

@@ -11,170 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from kvqual import stats as st
-from kvqual.gate.inputs import (AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, SteadySpeed,
-                                TokenCoverage, TokenPairs, n_clusters)
+# the criterion value and the tests' shared pieces, and the token-level criteria: their own modules,
+# their names here too (every criterion is `criteria.<name>`)
+from kvqual.gate.criterion import (CONTEXT_PREFIX, Criterion, Direction, Role, Status, _cdf, _n_more, _quantile,
+                                   _standardized, _unit, not_evaluated, one_sided)
+from kvqual.gate.inputs import AccuracyPairs, CachePairs, LengthPairs, RatePairs, RequestCounts, SteadySpeed, n_clusters
 from kvqual.gate.policy import GatePolicy
+from kvqual.gate.tokens import TOKEN_CRITERIA, token_criteria, token_excess
 
-Status = Literal["pass", "fail", "inconclusive", "not_evaluated"]
-Direction = Literal["at_least", "at_most", "within"]
-Role = Literal["primary", "guard"]
-
-
-@dataclass(frozen=True)
-class Criterion:
-    """One judged quantity: estimate, interval, bound, tests and status.
-
-    `role`: a primary criterion must be shown inside its bound for PASS; a guard can only
-    FAIL the candidate (shown outside), its being undecided never blocks PASS.
-    `n` counts independent units (clusters); `unit` names them ("items" or "contexts").
-    """
-
-    name: str
-    suite: str | None
-    status: Status
-    direction: Direction
-    bound_low: float | None
-    bound_high: float | None
-    estimate: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    ci_level: float | None = None
-    p_pass: float | None = None  # one-sided: H0 outside the bound
-    p_fail: float | None = None  # one-sided: H0 inside the bound
-    p_fail_holm: float | None = None
-    n: int = 0
-    n_more: int | None = None
-    detail: str = ""
-    role: Role = "primary"
-    unit: str = "items"
-    level: float | None = None  # the one-sided level its tests ran at (α, or α′ at a sequential look)
-    infrastructure: bool = False  # undecided because requests failed, not for want of items: exit 4, never more items
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}[{self.suite}]" if self.suite else self.name
-
-
-def not_evaluated(name: str, direction: Direction, low: float | None, high: float | None, detail: str,
-                  suite: str | None = None, role: Role = "primary") -> Criterion:
-    return Criterion(name, suite, "not_evaluated", direction, low, high, detail=detail, role=role)
-
-
-def _cdf(x: float, df: float) -> float:
-    """t (or normal when df is inf) CDF that accepts ±inf."""
-    return st.t_cdf(x, df)
-
-
-def _quantile(level: float, df: float) -> float:
-    return st.t_isf(level, df)
-
-
-def _standardized(diff: float, se: float) -> float:
-    if se > 0:
-        return diff / se
-    return 0.0 if diff == 0 else math.copysign(math.inf, diff)
-
-
-def _n_more(est: float, sd: float, n: int, bound: float, inside: bool, level: float, m: int) -> int | None:
-    """Clusters to decide, inverting the test used: pass side at `level`, fail side at Holm's
-    worst level/m; None when the estimate sits on the bound."""
-    more = st.n_more_to_decide(est, sd, n, bound, level if inside else level / max(m, 1))
-    return None if more is None else max(1, more)  # asked only of undecided criteria: at least one more
-
-
-CONTEXT_PREFIX = "ctx:"  # cluster ids of shared contexts; items are "item:<suite>\x00<id>" (compare/metrics.py)
-
-
-def _unit(clusters: np.ndarray | None, n_units: int) -> tuple[int, str]:
-    """Independent units and their name: "contexts" when every cluster is a shared context (then more
-    *contexts* are what deciding needs), else "items"."""
-    g = n_clusters(clusters, n_units)
-    if clusters is not None and len(clusters) and all(str(c).startswith(CONTEXT_PREFIX) for c in clusters):
-        return g, "contexts"
-    return g, "items"
-
-
-def _bet_n_more(est: float, upper: float, g: int, bound: float, cap: float, level: float) -> int | None:
-    """Clusters until a betting bound now at `upper` (mean `est`) would reach `bound`, if the values
-    hold: its width behaves as a/√G + b/G, b = cap·log(1/level)/c the part a sample with no spread
-    keeps (`stats.UpperBet`), a fitted from the width now. None when the estimate is not inside."""
-    gap = bound - est
-    if gap <= 0 or not math.isfinite(upper):
-        return None
-    b = cap * math.log(1 / level) / st.BET_TRUNCATION
-    a = max(0.0, (upper - est) - b / g) * math.sqrt(g)
-    x = (-a + math.sqrt(a * a + 4 * b * gap)) / (2 * b)  # 1/√G at which a·x + b·x² = gap
-    return max(1, math.ceil(1 / (x * x)) - g)
-
-
-def token_excess(name: str, bound: float, cand: np.ndarray, floor: np.ndarray, clusters: np.ndarray | None,
-                 level: float, detail: str, m: int, cap: float) -> Criterion:
-    """An at-most criterion on the mean excess of nonnegative per-unit values (mean KL, top-1
-    disagreement) over their A/A floor, each independent unit (an item, or a shared context: the
-    mean of its units) weighing the same. Such values are right-skewed and, on a GPU A/A, almost all
-    exactly 0: a t bound is short on its PASS side, and a bound built from the sample's own spread is
-    undefined or infinite when nearly nothing varies. So each side has its own statistic
-    (docs/statistics.md, "Token criteria"):
-    - PASS side (the upper bound): a betting confidence bound (`stats.UpperBet`), valid at any n and
-      any skew, for values at most `cap` (= token_cap × the bound) or the largest value seen, whichever
-      is larger: a mean of values unbounded above has no finite-sample upper bound, so what no unit has
-      shown is bounded by the cap, and a tail that did show is bounded as it is;
-    - FAIL side (the lower bound): the t statistic through Hall's skewness correction on the values
-      as they are; on right-skewed values it errs on the conservative side."""
-    g, unit = _unit(clusters, cand.size)
-    units = cand.size
-    if clusters is not None:  # one value per independent unit: the mean of its units
-        codes = np.unique(clusters.astype(str), return_inverse=True)[1]
-        size = np.bincount(codes)
-        cand, floor = np.bincount(codes, weights=cand) / size, np.bincount(codes, weights=floor) / size
-    values = cand - floor
-    est = float(values.mean())
-    if np.all(values == values[0]):
-        se, df, skew = 0.0, float(g - 1), 0.0
-    else:
-        mc = st.mean_ci(values)
-        se, df, skew = mc.se, float(mc.df), st.cluster_skewness(values)
-    gz = st.hall_transform(_standardized(est - bound, se), skew, g)
-    p_fail = 1.0 - _cdf(gz, df)
-    low = est - se * st.hall_inverse(_quantile(level, df), skew, g)
-    # the cap: `cap` (token_cap × the bound), raised to the largest value seen, so a tail that shows is
-    # bounded as it is and only what the sample cannot show is capped (the bound is then at least the one
-    # with the cap alone: the guarantee for the capped mean holds, stats.UpperBet)
-    top = max(cap, float(cand.max()))
-    bet = st.UpperBet(values, top, None, level)
-    high, p_pass = bet.upper(), bet.p_value(bound)
-    detail += (f"; upper bound by betting on values ≤ {top:.3g}" + (" (the largest seen)" if top > cap else "")
-               + (f", lower by Hall-corrected t (skewness {skew:.2f})" if skew else ""))
-    if g < units:
-        detail += f"; {g} independent {unit}, each the mean of its units"
-    n_more = _bet_n_more(est, high, g, bound, top, level) if est < bound else \
-        _n_more(est, se * math.sqrt(g), g, bound, False, level, m)
-    return Criterion(name, None, "inconclusive", "at_most", None, bound, est, low, high, 1 - 2 * level, p_pass, p_fail,
-                     None, g, n_more, detail, "primary", unit, level)
-
-
-def one_sided(name: str, suite: str | None, direction: Direction, bound: float, est: float, se: float, df: float,
-              n: int, level: float, detail: str, m: int, role: Role = "primary", unit: str = "items") -> Criterion:
-    """A criterion judged by a t/normal test of est against one bound."""
-    zed = _standardized(est - bound, se)
-    if direction == "at_most":  # inside is below the bound
-        p_pass, p_fail = _cdf(zed, df), 1.0 - _cdf(zed, df)
-    else:
-        p_pass, p_fail = 1.0 - _cdf(zed, df), _cdf(zed, df)
-    q = _quantile(level, df)
-    inside = (est > bound) if direction == "at_least" else (est < bound)
-    return Criterion(
-        name, suite, "inconclusive", direction,
-        bound if direction == "at_least" else None, bound if direction == "at_most" else None,
-        est, est - q * se, est + q * se, 1 - 2 * level, p_pass, p_fail, None, n,
-        _n_more(est, se * math.sqrt(n), n, bound, inside, level, m), detail, role, unit, level,
-    )
+__all__ = [
+    "CONTEXT_PREFIX", "Criterion", "Direction", "Role", "Status", "not_evaluated", "one_sided", "token_excess",
+    "TOKEN_CRITERIA", "token_criteria", "accuracy", "pooled_accuracy", "lengths", "rate_excess", "RATE_CRITERIA",
+    "length_ks", "cache_path", "failed", "speedup", "steady_speedup",
+]
 
 
 # ---------------------------------------------------------------- accuracy
@@ -440,83 +293,6 @@ def failed(arm: str, counts: RequestCounts, policy: GatePolicy, level: float) ->
     return Criterion(f"failed_rate_{arm}", None, status, "at_most", None, bound, k / n, ci.low, ci.high,
                      ci.level, None, None, None, n, None, detail, "primary", "requests", level,
                      infrastructure=status != "pass")
-
-
-# ---------------------------------------------------------------- token level
-
-
-def _bootstrap_at_most(name: str, values: np.ndarray, clusters: np.ndarray | None, bound: float,
-                       resamples: int, level: float, rng: np.random.Generator, detail: str, m: int) -> Criterion:
-    """Percentile cluster bootstrap; p-values invert the percentile interval at the bound."""
-    g = np.unique(clusters.astype(str), return_inverse=True)[1] if clusters is not None else np.arange(values.size)
-    sums, sizes = np.bincount(g, weights=values), np.bincount(g).astype(float)
-    idx = rng.integers(0, sums.size, size=(resamples, sums.size))
-    boot = sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
-    b = boot.size
-    est = float(values.mean())
-    p_pass = (1 + int(np.sum(boot >= bound))) / (b + 1)
-    p_fail = (1 + int(np.sum(boot <= bound))) / (b + 1)
-    low, high = np.quantile(boot, [level, 1 - level])
-    n = sums.size
-    sd = float(boot.std(ddof=1)) * math.sqrt(n)
-    return Criterion(name, None, "inconclusive", "at_most", None, bound, est, float(low), float(high),
-                     1 - 2 * level, p_pass, p_fail, None, n, _n_more(est, sd, n, bound, est < bound, level, m),
-                     detail, "primary", "items", level)
-
-
-TOKEN_CRITERIA = ("kl_excess", "top1_loss")
-
-
-def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy: GatePolicy, level: float, m: int,
-                   rng: np.random.Generator) -> list[Criterion]:
-    """kl_excess and top1_loss, each on the mean per-unit excess over the A/A floor.
-
-    A missing criterion is never a pass: with teacher forcing requested and fewer than
-    `min_token_coverage` of the pairs usable, both are INCONCLUSIVE with the reasons; only a
-    user who turned teacher forcing off gets them as not evaluated."""
-    bounds = {"kl_excess": policy.max_kl_excess, "top1_loss": policy.max_top1_loss}
-    if coverage is not None and not coverage.requested:
-        return [not_evaluated(n, "at_most", None, b, "teacher forcing turned off (--no-teacher-forcing)")
-                for n, b in bounds.items()]
-    short, infrastructure = None, False
-    if coverage is not None and coverage.pairs and coverage.share < policy.min_token_coverage:
-        why = ", ".join(f"{r}: {k}" for r, k in coverage.reasons.most_common()) or "no reason recorded"
-        # the share rounded down to 0.1%: 79.9% < 80%, never the "80% < 80%" rounding gave
-        share = f"{math.floor(coverage.share * 1000) / 10:g}%"
-        short = (f"token metrics usable on {coverage.usable} of {coverage.pairs} pairs "
-                 f"({share} < min_token_coverage {policy.min_token_coverage:.0%}); {why}")
-        # short only because teacher-forcing requests failed after their retries: an infrastructure fault,
-        # which more items would not mend; retrying those requests (the same command again) does
-        if coverage.failed and (coverage.usable + coverage.failed) / coverage.pairs >= policy.min_token_coverage:
-            infrastructure = True
-            short = (f"infrastructure: {coverage.failed} teacher-forcing requests failed after their retries, "
-                     f"leaving token metrics on {coverage.usable} of {coverage.pairs} pairs ({share} < "
-                     f"min_token_coverage {policy.min_token_coverage:.0%}); run the same command again to retry them")
-    out: list[Criterion] = []
-    for name, bound in bounds.items():
-        if name == "kl_excess" and tp is not None and tp.kl_cand is None:
-            out.append(not_evaluated(name, "at_most", None, bound, tp.kl_missing or "KL not measured"))
-            continue
-        if tp is None or tp.top1_cand.size < 2 or n_clusters(tp.clusters, tp.top1_cand.size) < 2:
-            out.append(Criterion(name, None, "inconclusive", "at_most", None, bound, infrastructure=infrastructure,
-                                 detail=short or "teacher forcing gave fewer than 2 usable pairs with an A/A floor"))
-            continue
-        values = tp.kl_cand - tp.kl_floor if name == "kl_excess" else tp.top1_floor - tp.top1_cand
-        arm, flr = (tp.kl_cand, tp.kl_floor) if name == "kl_excess" else (tp.top1_cand, tp.top1_floor)
-        label = "mean KL" if name == "kl_excess" else "same-top-1"
-        detail = f"{label} cand {arm.mean():.4g} vs A/A floor {flr.mean():.4g} over {values.size} pairs"
-        detail += f"; {tp.floor_note}" if tp.floor_note else ""
-        if policy.bootstrap_resamples > 0:
-            crit = _bootstrap_at_most(name, values, tp.clusters, bound, policy.bootstrap_resamples, level, rng,
-                                      detail, m)
-        else:
-            cand, flr_share = (tp.kl_cand, tp.kl_floor) if name == "kl_excess" else (1 - tp.top1_cand, 1 - tp.top1_floor)
-            crit = token_excess(name, bound, cand, flr_share, tp.clusters, level, detail, m, policy.token_cap * bound)
-        if short:  # shown, but never decided on a fraction of the pairs
-            crit = dataclasses.replace(crit, p_pass=None, p_fail=None, n_more=None if infrastructure else crit.n_more,
-                                       detail=f"{short}; {crit.detail}", infrastructure=infrastructure)
-        out.append(crit)
-    return out
 
 
 def speedup(base: np.ndarray, cand: np.ndarray, policy: GatePolicy, level: float, m: int) -> Criterion:
