@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from kvqual.judge import positions as pos
+from kvqual.judge import tokenarrays
 from kvqual.judge import tokens as tk
 from kvqual.records import TokenLogprobs
 
@@ -219,6 +220,7 @@ def test_compare_forced_is_the_same_in_any_chunking(monkeypatch) -> None:
     keys = sorted(base)
     whole = pos.compare_forced(pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(cand)), keys)
     monkeypatch.setattr(pos, "CHUNK", 7)
+    monkeypatch.setattr(tokenarrays, "CHUNK", 7)  # the base's top-1 (TokenArrays.top1) in chunks too
     small = pos.compare_forced(pos.from_logprobs(_wrap(base)), pos.from_logprobs(_wrap(cand)), keys)
     for f in ("starts", "kl", "same_top1", "delta_p", "delta_logprob", "position"):
         assert np.array_equal(getattr(whole, f), getattr(small, f)), f
