@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvqual.report.fmt import (MISSING, NOT_MEASURED, num, get, sig3, fmt_num, quantity, fmt_quantity, fmt_quantity_interval, fmt_pct, fmt_interval, fmt_time, fmt_scale, fmt_bound)
+# the one-line facts and the trajectory: their own module, their names here too
+from kvqual.report.lines import (capacity_line, exit_code, fit_line, sequential_line, teacher_line,  # noqa: F401
+                                 title, trajectory_rows, verdict_line)
 
 SCHEMA_VERSION = 1
 
@@ -364,98 +367,3 @@ def speed_rows(report: Mapping[str, Any]) -> list[ArmRow]:
     ci = fmt_interval([ratio.get("ci_low"), ratio.get("ci_high")])
     rows.append(ArmRow("throughput ratio (cand / base)", fmt_num(ratio.get("estimate")), ci, ""))
     return rows
-
-
-def title(report: Mapping[str, Any]) -> str:
-    """'bf16 → fp8': the change under test, in the order `kvqual compare BASELINE CANDIDATE` names it."""
-    base = get(report, "runs", "baseline", "target") or "baseline"
-    cand = get(report, "runs", "candidate", "target") or "candidate"
-    return f"{base} → {cand}"
-
-
-def verdict_line(report: Mapping[str, Any]) -> tuple[str, str]:
-    """(verdict, reason) with safe defaults when the verdict is missing."""
-    verdict = str(get(report, "verdict", "verdict") or "UNKNOWN")
-    reason = str(get(report, "verdict", "reason") or "no reason given")
-    return verdict, reason
-
-
-def exit_code(report: Mapping[str, Any]) -> str:
-    """The exit code the gate returned, as text ('—' when absent)."""
-    return fmt_num(get(report, "verdict", "exit_code"))
-
-
-def teacher_line(report: Mapping[str, Any]) -> str | None:
-    """One line on teacher forcing: off, or how many pairs the token criteria rest on and why the
-    rest were left out (shown right under the verdict: a missing criterion must be visible)."""
-    tf = report.get("teacher_forcing") or {}
-    if not tf.get("requested", tf.get("enabled")):
-        return "teacher forcing OFF (--no-teacher-forcing): the token-level criteria were not evaluated"
-    pairs, usable = tf.get("pairs") or 0, tf.get("usable") or 0
-    if not pairs:
-        return tf.get("note")
-    left = tf.get("left_out") or {}
-    why = "; left out: " + ", ".join(f"{r} ({k})" for r, k in left.items()) if left else ""
-    methods = tf.get("methods") or {}
-    how = ""
-    if methods.get("text"):
-        how = f" — {methods['text']} scored by text alignment (the server gave no token ids), {methods.get('ids', 0)} by exact token ids"
-    elif methods.get("ids"):
-        how = " — exact token ids"
-    chunked = tf.get("chunked") or 0
-    windows = (f"; {chunked} longer than the server admits, scored in windows (docs/longgen.md)"
-               if chunked else "")
-    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){how}{windows}{why}"
-
-
-def fit_line(report: Mapping[str, Any]) -> str | None:
-    """Prompts a server refused as longer than its context: left out of both arms, never failures."""
-    unfit = report.get("does_not_fit") or {}
-    n = unfit.get("items") or 0
-    if not n:
-        return None
-    limit = unfit.get("limit")
-    where = f"a {int(limit):,}-token context" if limit else "the server's context"
-    ids = unfit.get("ids") or []
-    shown = ", ".join(ids[:3]) + (", …" if n > 3 else "")
-    return (f"{n} prompt{'s' if n != 1 else ''} do{'' if n != 1 else 'es'} not fit {where} (prompt + max_tokens): "
-            f"left out of both arms, not counted as failures, so the criteria count {n} fewer items than the "
-            f"looks judged ({shown})")
-
-
-def capacity_line(report: Mapping[str, Any]) -> str | None:
-    """KV capacity of both arms as their servers report it, and the ratio (what fp8 buys)."""
-    from kvqual.capacity import sentence
-
-    return sentence(report.get("capacity") or {})
-
-
-def sequential_line(report: Mapping[str, Any]) -> str | None:
-    """Where a sequential compare stopped and the level each look tested at."""
-    seq = get(report, "verdict", "sequential") or {}
-    if not seq.get("looks"):
-        return None
-    if seq.get("planned_looks") == 1:
-        return f"fixed-n: judged once on {(seq.get('sizes') or ['?'])[-1]} items at α = {fmt_num(seq.get('nominal_alpha'))}"
-    return (f"sequential: {seq.get('stop')}; each look tested at the Pocock nominal level "
-            f"α′ = {fmt_num(seq.get('nominal_alpha'))} ({seq.get('planned_looks')} planned looks)")
-
-
-def trajectory_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The primary criteria's intervals at each look: (header, rows)."""
-    seq = get(report, "verdict", "sequential") or {}
-    looks = seq.get("looks") or []
-    primary = [(c.get("label") or (f"{c['name']}[{c['suite']}]" if c.get("suite") else c["name"]), str(c["name"]))
-               for c in get(report, "verdict", "criteria") or []
-               if c.get("role", "primary") == "primary" and c.get("status") != "not_evaluated"
-               and not str(c.get("name", "")).startswith("failed_rate")]
-    rows = []
-    for look in looks:
-        row = [str(look.get("look")), str(look.get("items")), str(look.get("verdict"))]
-        for label, name in primary:
-            c = (look.get("criteria") or {}).get(label) or {}
-            q = quantity(name)
-            ci = fmt_quantity_interval(c.get("ci_low"), c.get("ci_high"), q)
-            row.append(f"{fmt_quantity(c.get('estimate'), q)} {ci} {c.get('status', '')}".strip())
-        rows.append(row)
-    return ["look", "items", "verdict"] + [label for label, _ in primary], rows
