@@ -1,5 +1,5 @@
 """Teacher forcing: score the baseline's completions on a server with `echo`, so both arms
-score identical tokens; and check first that a server's echo logprobs can be trusted.
+score identical tokens; and check first that a server's echo logprobs can be trusted (forcing/trust.py).
 
 Exact tokens first ("ids"): when the baseline's generation came back as token ids (vLLM's
 `return_tokens_as_token_ids`, which kvqual serve follows) and the scoring server renders
@@ -35,20 +35,15 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from kvqual.client import echo_payload, parse_echo
-from kvqual.errors import EchoDisagreement
 from kvqual.forced import FAILED, Forced, ForcedWriter, load_forced, one_writer
+from kvqual.forcing.trust import (  # noqa: F401 - re-exported: the echo check is teacher forcing's first step
+    ECHO_TRUST_ITEMS, ECHO_TRUST_MAX_MEAN_ABS, check_echo_trust, trust_sample)
 from kvqual.records import Item, Sample, TokenLogprobs, refused_limit
 from kvqual.retry import RetryPolicy, Sent
 from kvqual.transport import Transport
 
 T = TypeVar("T")
 
-# nats. Echo re-scores the server's own greedy output in one prefill; with per-request fp8 scales
-# calibrated on what is prefilled (prompt vs prompt + completion) the two legitimately differ:
-# ~0.02 for fp8_e4m3 and 0.108 measured for fp8_e5m2 (2 mantissa bits) on the reference server.
-# An echo shifted by one position or from another model is off by whole nats.
-ECHO_TRUST_MAX_MEAN_ABS = 0.5
-ECHO_TRUST_ITEMS = 3  # own outputs scored per API kind (chat, completions) before forcing
 # Chunked forcing (docs/longgen.md): of a window's completion room, the least share that is context for
 # the tokens it scores (0.5: each token sees at least half a window of preceding completion; every
 # completion token is prefilled about 1 / (1 − share) = 2 times); windows need this much room at least.
@@ -331,53 +326,6 @@ def _concat(parts: list[TokenLogprobs]) -> TokenLogprobs:
                          token_ids=tuple(x for p in parts for x in p.token_ids or ()))
 
 
-def _mean_abs(pairs: list[tuple[float, float]]) -> float | None:
-    return sum(abs(g - e) for g, e in pairs) / len(pairs) if pairs else None
-
-
-def _likely_cause(own: list[tuple[Sample, Forced]], mean: float) -> str:
-    """What was observed, not a cause kvqual cannot know: an echo whose logprobs line up with the
-    generation's one position over (a shifted echo), or scoring and generation that disagree on the
-    same tokens — which a broken cache path and an echo that scores something else both produce, so
-    on an fp8 candidate the message must not blame the thing under test."""
-    shifted: dict[int, list[tuple[float, float]]] = {1: [], -1: []}
-    for sample, forced in own:
-        if not forced.aligned or forced.logprobs is None or sample.logprobs is None:
-            continue
-        g = [x for x in sample.logprobs.token_logprobs]
-        e = [x for x in forced.logprobs.token_logprobs]
-        for k in shifted:
-            pairs = zip(g[k:], e) if k > 0 else zip(g, e[-k:])
-            shifted[k] += [(a, b) for a, b in pairs if a is not None and b is not None]
-    best = min(((_mean_abs(v), k) for k, v in shifted.items() if v), default=(None, 0))
-    if best[0] is not None and best[0] < mean / 3 and best[0] <= ECHO_TRUST_MAX_MEAN_ABS:
-        return f"echo looks shifted by one position (shifted, the gap is {best[0]:.3f} nats)"
-    return ("its scoring of a sequence (prefill) gives other logprobs than it reported while generating the "
-            "same tokens (decode), and not by a one-position shift; kvqual cannot tell whether its echo or its "
-            "cache path is at fault: check the echo on the baseline server too")
-
-
-def check_echo_trust(own: list[tuple[Sample, Forced]], server: str) -> float | None:
-    """Mean |echo − generation| logprob over a server's own greedy outputs; raise when off."""
-    diffs = []
-    for sample, forced in own:
-        if not forced.aligned or forced.logprobs is None or sample.logprobs is None:
-            continue
-        for g, e in zip(sample.logprobs.token_logprobs, forced.logprobs.token_logprobs):
-            if g is not None and e is not None:
-                diffs.append(abs(g - e))
-    if not diffs:
-        return None
-    mean = sum(diffs) / len(diffs)
-    if mean > ECHO_TRUST_MAX_MEAN_ABS:
-        cause = _likely_cause(own, mean)
-        raise EchoDisagreement(
-            f"{server}: echo logprobs of its own greedy output differ from the logprobs it reported while "
-            f"generating (mean |Δ| {mean:.3f} nats > {ECHO_TRUST_MAX_MEAN_ABS}); observed: {cause}; "
-            "teacher-forced metrics would be noise — fix the server or pass --no-teacher-forcing", mean, cause)
-    return mean
-
-
 async def force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item], samples: list[Sample],
                     out: Path, on_done: Callable[[], None] | None = None) -> list[Forced]:
     """Teacher-force every sample not already in `out` (JSONL), appending each result the moment it
@@ -410,19 +358,3 @@ async def _force_all(forcer: TeacherForcer, items: Mapping[tuple[str, str], Item
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
     return [done[s.key] for s in samples if s.key in done]
-
-
-def trust_sample(own: list[Sample], items: Mapping[tuple[str, str], Item], per_kind: int = ECHO_TRUST_ITEMS) -> list[Sample]:
-    """The server's own outputs the echo check scores: `per_kind` of each API kind (chat and
-    completions are rendered differently, so each path is checked on its own)."""
-    picked: dict[str, list[Sample]] = {}
-    for s in own:
-        item = items.get((s.suite, s.id))
-        if item is None or s.logprobs is None or not s.ok:
-            continue
-        bucket = picked.setdefault(item.api, [])
-        if len(bucket) < per_kind:
-            bucket.append(s)
-    return [s for bucket in picked.values() for s in bucket]
-
-
