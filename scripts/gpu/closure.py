@@ -27,6 +27,7 @@ from email.parser import Parser
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name as cn, parse_wheel_filename
 from packaging.version import Version
@@ -48,6 +49,12 @@ MODULE_DIST = {"yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python-headless
 # kvqual imports that `kvqual compare` on the host does not need (said in docs/gpu.md)
 OPTIONAL = {"lm_eval": "lm-eval:TASK suites only (they also need a data hub)",
             "datasets": "lm-eval:TASK suites only"}
+
+
+# requirements that contradict each other in the published metadata, and the version bundled instead (said by
+# `check`, never silently): vLLM 0.26.0 pins apache-tvm-ffi==0.1.10, while xgrammar 0.2.9, which vLLM imports at
+# start and which imports tvm_ffi, requires >=0.1.11; no version meets both, so xgrammar's side is taken
+OVERRIDES = {"apache-tvm-ffi": ">=0.1.11"}
 
 
 def wanted(req: Requirement, extras: frozenset[str] = frozenset()) -> bool:
@@ -72,36 +79,63 @@ def best_wheel(wheels: str, req: Requirement) -> str | None:
 
 
 def fetch(reqfile: str, wheels: str, skip: set[str]) -> int:
+    """The wheels that meet every requirement, walked greedily (newest first). When a later
+    requirement rules out a version picked earlier (e.g. one package asks for opentelemetry-api and
+    another pins it ==1.45.2), that requirement becomes a constraint and the walk starts again, until
+    nothing conflicts (or a constraint repeats: then the conflict is real and reported)."""
+    constraints: dict[str, SpecifierSet] = {}
+    for _ in range(20):
+        conflict = _walk(reqfile, wheels, skip, constraints)
+        if conflict is None:
+            return 0 if not _failed else 1
+        n, spec = conflict
+        merged = constraints.get(n, SpecifierSet()) & spec
+        if merged == constraints.get(n):
+            break
+        constraints[n] = merged
+    print(f"CONFLICT unresolved: {conflict}", file=sys.stderr)
+    return 1
+
+
+_failed: list[str] = []
+
+
+def _walk(reqfile: str, wheels: str, skip: set[str], constraints: dict[str, SpecifierSet]) -> tuple[str, SpecifierSet] | None:
     todo = [Requirement(r) for r in Path(reqfile).read_text().splitlines() if r.strip()]
     todo = [r for r in todo if wanted(r)]  # after this, a parent's markers (its extras) decide
     done: dict[str, tuple[str, set[str]]] = {}  # package -> (wheel, extras already followed)
-    bad = 0
+    _failed.clear()
     while todo:
         req = todo.pop(0)
         n, extras = cn(req.name), frozenset(req.extras)
         if n in HOST or n in skip:
             continue
+        if n in OVERRIDES:
+            req = Requirement(f"{req.name}{OVERRIDES[n]}")
         first = n not in done
         if not first:  # met already: its version must fit; extras not followed yet are followed now
             wheel, followed = done[n]
             version = parse_wheel_filename(os.path.basename(wheel))[1]
             if req.specifier and not req.specifier.contains(version, prereleases=True):
-                print(f"CONFLICT {n} {version} does not meet {req}", file=sys.stderr)
-                bad += 1
+                print(f"CONFLICT {n} {version} does not meet {req}: walking again with it as a constraint",
+                      file=sys.stderr)
+                return n, req.specifier
             extras = frozenset(extras - followed)
             if not extras:
                 continue
         else:
-            wheel = best_wheel(wheels, req)
+            spec = req.specifier & constraints.get(n, SpecifierSet())
+            pinned = Requirement(f"{req.name}{spec}")
+            wheel = best_wheel(wheels, pinned)
             if wheel is None:
                 cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                        "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
-                       "--abi", "none", *PIP_PLATFORM, "-d", wheels, f"{req.name}{req.specifier}"]
+                       "--abi", "none", *PIP_PLATFORM, "-d", wheels, f"{req.name}{spec}"]
                 p = subprocess.run(cmd, capture_output=True, text=True)
-                wheel = best_wheel(wheels, req)
+                wheel = best_wheel(wheels, pinned)
                 if wheel is None:
-                    print(f"FAIL {req}: {(p.stderr.strip().splitlines() or ['no wheel'])[-1]}", file=sys.stderr)
-                    bad += 1
+                    print(f"FAIL {pinned}: {(p.stderr.strip().splitlines() or ['no wheel'])[-1]}", file=sys.stderr)
+                    _failed.append(str(pinned))
                     continue
             done[n] = (wheel, set())
         done[n][1].update(extras)
@@ -111,7 +145,7 @@ def fetch(reqfile: str, wheels: str, skip: set[str]) -> int:
         todo += [r for r in reqs if wanted(r, extras) and (first or not wanted(r))]
     for wheel, _ in sorted(done.values()):
         print(wheel)
-    return 1 if bad else 0
+    return None
 
 
 def site_dists(site: Path) -> dict[str, tuple[Version, Path]]:
@@ -164,6 +198,10 @@ def check(site: Path, skip: set[str]) -> int:
             continue  # OPTIONAL: lm-eval suites only
         if n not in dists:
             problems.append(f"MISSING {n} (required by {who}: {r})")
+        elif n in OVERRIDES and not r.specifier.contains(dists[n][0], prereleases=True):
+            print(f"override {n} {dists[n][0]} (required by {who}: {r}; the metadata contradicts itself: closure.py OVERRIDES)")
+            if not SpecifierSet(OVERRIDES[n]).contains(dists[n][0], prereleases=True):
+                problems.append(f"VERSION {n} {dists[n][0]} does not meet its override {OVERRIDES[n]}")
         elif r.specifier and not r.specifier.contains(dists[n][0], prereleases=True):
             problems.append(f"VERSION {n} {dists[n][0]} does not meet {r} (required by {who})")
         for extra in r.extras:  # e.g. openai[aiohttp]: the extra's own requirements

@@ -12,6 +12,6 @@ export PYTHONPATH=$PWD/src$SITE KVQUAL_CONFIG=${KVQUAL_CONFIG:-scripts/gpu/kvqua
 rc=0
 "$PY" -m kvqual "$@" || rc=$?
 if [ -n "${OUT:-}" ]; then
-  for d in "${KVQUAL_OUT:-results}"/compare-*/; do [ -d "$d" ] && cp -r "$d" "$OUT"/; done
+  for d in "${KVQUAL_OUT:-results}"/compare-*/ "${KVQUAL_OUT:-results}"/audit-*-s*/; do [ -d "$d" ] && cp -r "$d" "$OUT"/; done
 fi
 exit $rc

@@ -142,28 +142,34 @@ def evidence(on_ref: Forcing, floor_on_ref: Forcing, on_cand: Forcing | None, ag
     return AuditEvidence(own_scores(on_ref, keys), own_scores(floor_on_ref, keys), ab, aa, reproduced)
 
 
-def _coverage(records: Mapping[Key, Any], keys: Sequence[Key], usable_keys: set[Key]) -> TokenCoverage:
+def _coverage(records: Mapping[Key, Any], keys: Sequence[Key], usable_keys: set[Key],
+              floor: Mapping[Key, Any] | None = None) -> TokenCoverage:
+    """How many of `keys` gave token metrics, and why the others did not: their own scoring's reason, or
+    (scored, but no floor to set them against) the floor's."""
     reasons: Counter = Counter()
     failed = 0
     for k in keys:
         if k in usable_keys:
             continue
         f = records.get(k)
-        why = "not teacher-forced" if f is None else (f.reason or "no token data")
+        why = "not teacher-forced" if f is None else (f.reason or "")
+        if not why and floor is not None:
+            g = floor.get(k)
+            why = ("the reference's own output for this prompt: " + ("not teacher-forced" if g is None else
+                   g.reason or "no token data"))
+        why = why or "no token data"
         failed += why.startswith(FAILED)
         reasons[why.split(":", 1)[0] if why.startswith(FAILED) else why] += 1
     return TokenCoverage(True, len(keys), len(usable_keys & set(keys)), reasons, failed)
 
 
-def token_pairs(ev: AuditEvidence, audited: Mapping[Key, Sample], keys: Sequence[Key],
-                on_ref: Forcing) -> tuple[TokenPairs | None, TokenCoverage]:
+def token_pairs(ev: AuditEvidence, audited: Mapping[Key, Sample], keys: Sequence[Key], on_ref: Forcing,
+                floor_records: Mapping[Key, Any]) -> tuple[TokenPairs | None, TokenCoverage]:
     """The gate's token inputs over `keys` (one look's units) and how many were usable."""
     a_top1, f_top1 = ev.audited.mean(ev.audited.same_top1), ev.floor.mean(ev.floor.same_top1)
-    if ev.ab is None:
+    if ev.ab is None:  # one server: KL is never measured, whatever else is missing
         units = [k for k in keys if k in a_top1 and k in f_top1]
-        cov = _coverage(on_ref.records, keys, set(units))
-        if len(units) < 2:
-            return None, cov
+        cov = _coverage(on_ref.records, keys, set(units), floor_records)
         return TokenPairs(None, None, [a_top1[k] for k in units], [f_top1[k] for k in units],
                           clusters_of([audited[k] for k in units]),
                           "floor: the reference's own outputs for the same prompts, scored by it", NO_KL), cov
@@ -217,7 +223,7 @@ def judge_audit(items: Mapping[tuple[str, str], Item], audited: Mapping[Key, Sam
     for n in sizes:
         keys = list(order[:n])
         inputs = gate_inputs(base, cand, None, None, keys, teacher_forcing=False)
-        tokens, cov = token_pairs(ev, audited, keys, on_ref)
+        tokens, cov = token_pairs(ev, audited, keys, on_ref, floor_on_ref.records)
         looks.append((n, replace(inputs, tokens=tokens, coverage=cov)))
     verdict = decide_sequence(policy, looks, seed, planned)
     a_lp, f_lp = ev.audited.mean(ev.audited.logprob), ev.floor.mean(ev.floor.logprob)

@@ -52,8 +52,8 @@ def console(report: Mapping[str, Any]) -> str:
     drifted = report["figures"]["most_drifted"][:3]
     if drifted:
         text.append(f"\nleast likely under {report['reference']} (report.md lists {len(report['figures']['most_drifted'])}):")
-        text += [f"  {d['id']} (line {d['line']}): {d['mean_logprob']} nats/token (its own output "
-                 f"{d['floor_mean_logprob']}): {d['completion'][:100]!r}" for d in drifted]
+        text += [f"  {d['id']} (line {d['line']}): {_num(d['mean_logprob'])} nats/token (its own output "
+                 f"{_num(d['floor_mean_logprob'])}): {d['completion'][:100]!r}" for d in drifted]
     return "\n".join(text)
 
 
