@@ -28,6 +28,7 @@ from typing import Callable, Literal
 import torch
 
 from kvqual.serve.dtypes import FP8_FAULTS
+from kvqual.serve.generation import Callback, EngineStats, Generation, SamplingParams, TokenHook
 from kvqual.serve.kvcache import KvCache, KvCacheDtype, KvFault, KvScale
 from kvqual.serve.model import LoadedModel
 from kvqual.serve.prefixcache import BLOCK_SIZE, PrefixCache, block_keys
@@ -36,45 +37,6 @@ from kvqual.serve.sampling import TokenLogprob, choose_token, make_generator, to
 LOGIT_CHUNK = 256  # positions per lm_head call when scoring a whole prompt
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """What a request asks of the engine; `logprobs` is the top-k count (None: no logprobs)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: int | None = None
-    echo: bool = False
-    cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached prefix blocks
-
-    @property
-    def reads_prefix_cache(self) -> bool:
-        """Prompt scoring (echo with logprobs) computes every position fresh, as vLLM v1 skips prefix
-        hits for prompt_logprobs requests; everything else may start from cached blocks."""
-        return not (self.echo and self.logprobs is not None)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """The engine's answer for one prompt."""
-
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    text: str
-    finish_reason: Literal["stop", "length"]
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None
-    output_logprobs: tuple[TokenLogprob, ...] | None
-    cached_tokens: int | None = None  # prompt tokens served from the prefix cache (None: no prefix cache)
-
-
-Callback = Callable[[Generation | BaseException], None]
-# Called on the engine thread for every token as it is generated: (token id, its logprobs
-# when asked for, the finish reason when this token ends the request).
-TokenHook = Callable[[int, TokenLogprob | None, Literal["stop", "length"] | None], None]
 
 
 @dataclass
@@ -101,26 +63,6 @@ class _Flush:
 
     only_if_idle: bool
     done: Callable[[bool], None]
-
-
-@dataclass
-class EngineStats:
-    """Counters exported by /metrics (written by the engine thread, read by HTTP)."""
-
-    requests_total: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    num_running_reqs: int = 0
-    num_queued_reqs: int = 0
-    kv_cache_bytes_in_use: int = 0
-    kv_tokens_in_use: int = 0  # tokens whose K/V running requests hold (padding not counted)
-    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
-
-    def gen_throughput(self, horizon_s: float = 10.0) -> float:
-        """Generated tokens per second over the last `horizon_s` seconds."""
-        now = time.monotonic()
-        tokens = sum(n for t, n in list(self.recent) if now - t <= horizon_s)
-        return tokens / horizon_s
 
 
 class Engine:
