@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from kvqual.errors import SuiteError
 from kvqual.records import Item
@@ -84,17 +84,22 @@ def parse_item(data: Any, *, suite: str, path: str, line: int) -> Item:
     )
 
 
-def parse_lines(lines: Iterable[str], *, suite: str, path: str) -> list[Item]:
-    """Parse JSONL lines (blank lines skipped); ids must be unique within the file."""
-    items: list[Item] = []
-    seen: dict[str, int] = {}
+def json_lines(lines: Iterable[str], path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank JSONL line; SuiteError naming the line where one is not JSON."""
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            data = json.loads(raw)
+            yield lineno, json.loads(raw)
         except json.JSONDecodeError as exc:
             raise SuiteError(path, lineno, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def parse_lines(lines: Iterable[str], *, suite: str, path: str) -> list[Item]:
+    """Parse JSONL lines (blank lines skipped); ids must be unique within the file."""
+    items: list[Item] = []
+    seen: dict[str, int] = {}
+    for lineno, data in json_lines(lines, path):
         item = parse_item(data, suite=suite, path=path, line=lineno)
         if item.id in seen:
             raise SuiteError(path, lineno, f"duplicate id {item.id!r} (first on line {seen[item.id]})")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any, Iterator, Mapping
 
 from kvqual.errors import SuiteError
 from kvqual.records import Item
-from kvqual.suites.jsonl import parse_item
+from kvqual.suites.jsonl import json_lines, parse_item
 
 SUITE = "audit"  # the suite name every audited item carries
 COMPLETION_KEYS = ("completion", "response", "output")
@@ -128,13 +127,7 @@ def read(path: str | Path) -> Iterator[Output]:
     p = Path(path)
     try:
         with p.open(encoding="utf-8") as fh:
-            for line, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    data = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise SuiteError(str(path), line, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+            for line, data in json_lines(fh, str(path)):
                 yield parse_output(data, str(path), line)
     except FileNotFoundError:
         raise SuiteError(str(path), None, "file not found") from None
@@ -215,13 +208,7 @@ def join_batch_input(drawn: Drawn, path: str | Path) -> Drawn:
     found: dict[str, Output] = {}
     try:
         with Path(path).open(encoding="utf-8") as fh:
-            for line, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    data = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise SuiteError(str(path), line, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+            for line, data in json_lines(fh, str(path)):
                 cid = data.get("custom_id") if isinstance(data, dict) else None
                 if cid not in waiting:
                     continue
