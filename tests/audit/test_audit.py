@@ -88,6 +88,8 @@ def test_a_candidate_whose_distributions_moved_fails_on_kl(tmp_path, fake_server
     ([{"custom_id": "r", "response": {"status_code": 200, "body": {"choices": [{"text": "x"}]}}}], (),
      "--batch-input"),
     ([{"prompt": "p", "completion": "c", "max_tokens": 8}], ("--against", "nosuch"), "nosuch"),
+    ([{"prompt": "p", "completion": "c", "max_tokens": 8}], ("--against", "ref", "--suite", "x.jsonl"),
+     "--suite does not apply to kvqual audit"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_request(tmp_path, fake_server, lines, args, words):
     setup(tmp_path, fake_server)
@@ -96,3 +98,16 @@ def test_bad_input_is_one_line_and_exit_2_before_any_request(tmp_path, fake_serv
     assert r.returncode == 2, r.stdout + r.stderr
     assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not list((tmp_path / "results").glob("audit-*")) if (tmp_path / "results").exists() else True
+
+
+def test_a_forcing_pass_reports_its_progress(capsys):
+    from kvqual.audit.flow import Ticker
+
+    tick = Ticker("teacher forcing the audited outputs on bf16", 3, every=0.0)
+    for _ in range(3):
+        tick()
+    err = capsys.readouterr().err
+    assert "teacher forcing the audited outputs on bf16: 3/3 scored" in err
+    quiet = Ticker("x", 3, every=3600)
+    quiet()
+    assert "x:" not in capsys.readouterr().err

@@ -58,8 +58,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     if args.sample < 2:
         raise UsageError("--sample must be at least 2")
+    given = {a.split("=", 1)[0] for a in sys.argv[1:] if a.startswith("--")}  # not KVQUAL_* set for other commands
+    for flag in ("--suite", "--limit", "--temperature", "--include-path"):
+        if flag in given:  # the outputs file is the suite, and the floor is greedy (docs/audit.md)
+            raise UsageError(f"{flag} does not apply to kvqual audit: the outputs file is what is judged, "
+                             "and the floor is the reference's greedy outputs for its prompts")
     config = load_config(args.config)
-    ov = overrides(args)
+    ov = {**overrides(args), "suites": None, "limit": None, "temperature": None}
     ov.update(max_minutes=args.max_minutes)
     run = Overrides(ov).apply(config.run)
     if args.looks is not None:

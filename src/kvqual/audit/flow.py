@@ -42,6 +42,22 @@ from kvqual.suites.outputs import SUITE, Drawn, Output
 AA_PROBE = 32  # audited outputs the reference scores twice at the first look (as compare's flow does)
 
 
+class Ticker:
+    """A forcing pass's progress on stderr, a line every `every` seconds (long outputs take minutes to score)."""
+
+    def __init__(self, what: str, total: int, every: float = 30.0) -> None:
+        self.what, self.total, self.every = what, total, every
+        self.done, self.started = 0, time.monotonic()
+        self.last = self.started
+
+    def __call__(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            say(f"{self.what}: {self.done}/{self.total} scored ({now - self.started:.0f} s)")
+
+
 @dataclass
 class AuditResult:
     verdict: Verdict
@@ -141,10 +157,12 @@ class Audit:
                 await self._audited(ref_forcer, keys)
                 self._save()
                 await forcing.teacher_force(ref, floor_m, floor_dir, self.items, self.run, floor_dir,
-                                            keys={(s, i) for s, i, _ in keys}, limit=limit)
+                                            keys={(s, i) for s, i, _ in keys}, limit=limit,
+                                            on_done=Ticker(f"teacher forcing {ref.name}'s own outputs", n))
                 samples = [self.audited[key] for key in keys]
                 t0 = time.perf_counter()
-                await force_all(ref_forcer, self.items, samples, self._file("reference"))
+                await force_all(ref_forcer, self.items, samples, self._file("reference"),
+                                Ticker(f"teacher forcing the audited outputs on {ref.name}", n))
                 say(f"teacher forcing {len(samples)} audited outputs on {ref.name}: {time.perf_counter() - t0:.0f} s, "
                     f"{ref_forcer.requests} requests")
                 if cand is not None:
@@ -159,7 +177,8 @@ class Audit:
             if cand is not None:
                 cand_forcer = self._forcer(cand, cand_info, limit)
                 try:
-                    await force_all(cand_forcer, self.items, samples, self._file("candidate"))
+                    await force_all(cand_forcer, self.items, samples, self._file("candidate"),
+                                    Ticker(f"teacher forcing the audited outputs on {cand.name}", n))
                 finally:
                     await cand_forcer.aclose()
             spent = time.monotonic() - started
