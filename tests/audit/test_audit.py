@@ -37,6 +37,13 @@ def report_of(tmp_path):
     return json.loads(path.read_text())
 
 
+def widest_top(path):
+    """The most top logprobs any scored position of a teacher file holds."""
+    from kvqual.forced import load_forced
+
+    return max(len(top) for f in load_forced(path, logprobs=True).values() for top in f.logprobs.top_logprobs)
+
+
 def criterion(report, name):
     return next(c for c in report["verdict"]["criteria"] if c["name"] == name)
 
@@ -58,7 +65,14 @@ def test_outputs_the_reference_would_give_pass_and_a_clean_sample_stops_at_the_f
     assert rep["outputs"]["lines"] == 300 and rep["outputs"]["strata"] == {"category:odd": 150, "category:even": 150}
     assert f["mean_logprob"]["difference"]["estimate"] == pytest.approx(0.0)
     assert len(f["most_drifted"]) == 10 and f["most_drifted"][0]["line"] is not None
-    assert (tmp_path / "results" / rep["floor_run"] / "manifest.json").exists()  # the floor is a run like any other
+    floor = tmp_path / "results" / rep["floor_run"]
+    assert (floor / "manifest.json").exists()  # the floor is a run like any other
+    # without a candidate every pass asks top-1 only: what top-1 loss and the mean log-probability read
+    assert json.loads((floor / "manifest.json").read_text())["params"]["top_logprobs"] == 1
+    audit_dir, = (tmp_path / "results").glob("audit-*")
+    assert widest_top(audit_dir / "forced-reference.jsonl") <= 2  # top-1, and the token itself where it is not
+    floor_forced, = floor.glob("teacher-*.jsonl")
+    assert widest_top(floor_forced) <= 2
     assert list((tmp_path / "results").glob("audit-*/report.md"))
 
 
@@ -80,6 +94,9 @@ def test_a_candidate_whose_distributions_moved_fails_on_kl(tmp_path, fake_server
     kl = criterion(rep, "kl_excess")
     assert kl["status"] == "fail" and kl["estimate"] > 0.012
     assert rep["figures"]["candidate"]["floor"] == "reproduced bit for bit"
+    audit_dir, = (tmp_path / "results").glob("audit-*")
+    for scorer in ("reference", "candidate", "reference-again"):  # KL reads the top-k of both
+        assert widest_top(audit_dir / f"forced-{scorer}.jsonl") >= 5
 
 
 @pytest.mark.parametrize("lines, args, words", [

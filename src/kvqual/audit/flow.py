@@ -10,12 +10,15 @@ each look the audit
    the reference's echo scores its own outputs), and the audited outputs — as token ids, from the file or
    the reference's /tokenize — on the reference, and with a candidate on the candidate too, plus the
    reference a second time on the first look's first 32 (every one, if those do not reproduce bit for bit);
+   The reference's passes ask for top-1 only (what `top1_loss` and the mean log-probability read) unless a
+   candidate is given, whose KL needs the top-k of both; the candidate's pass runs beside the reference's.
 3. asks the judge (`judge.audit.judge_audit`, pure over what was saved) and stops at the first decided
    look, at the end of the sample, or when the next look would overrun `max_minutes`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -103,16 +106,21 @@ class Audit:
         self.sizes = look_sizes(len(self.order), config.gate.looks, config.gate.first_look)
         self.audited: dict[tuple[str, str, int], Sample] = {}
 
+    @property
+    def top_k(self) -> int:
+        """Top logprobs the audited outputs are scored with: the KL of a candidate against the reference
+        needs top-k on both; without one, top-1 is all the judge reads (a third of the echo's bytes)."""
+        return max(self.run.top_logprobs, 5) if self.cand is not None else 1
+
     def _forcer(self, target: Target, info: dict[str, Any], limit: int | None) -> TeacherForcer:
         """A forcer for `target` as `info` (what the server reported) describes it: its engine, its model."""
         cls = SglangForcer if info.get("engine") == "sglang" else TeacherForcer
         model = target.model or next(iter(info.get("models") or []), "")
-        return cls(target.base_url, target.api_key(), model, max(self.run.top_logprobs, 5),
+        return cls(target.base_url, target.api_key(), model, self.top_k,
                    self.run.timeout, self.run.concurrency, self.run.retries).limit_to(limit)
 
     async def _audited(self, forcer: TeacherForcer, keys: list[tuple[str, str, int]]) -> None:
         """The look's audited outputs as samples with token ids (the file's, else the reference's /tokenize)."""
-        import asyncio
 
         async def one(key: tuple[str, str, int]) -> None:
             o, item = self.outputs[key[1]], self.items[(key[0], key[1])]
@@ -149,38 +157,23 @@ class Audit:
                 break
             keys = self.order[:n]
             say(f"audit look {k + 1}/{len(self.sizes)}: {n} outputs")
-            floor_m = await run_target(ref, (self.suite,), self.run, items_upto=n)
+            # the floor's own generation logprobs serve only the echo check (which reads the chosen token's)
+            floor_m = await run_target(ref, (self.suite,), replace(self.run, top_logprobs=1), items_upto=n)
             floor_dir = Path(self.run.results_dir) / floor_m.run_id
             ref_forcer = self._forcer(ref, {"engine": floor_m.server_info.get("engine"), "models": [floor_m.model]},
                                       limit)
             try:
                 await self._audited(ref_forcer, keys)
                 self._save()
-                await forcing.teacher_force(ref, floor_m, floor_dir, self.items, self.run, floor_dir,
-                                            keys={(s, i) for s, i, _ in keys}, limit=limit,
-                                            on_done=Ticker(f"teacher forcing {ref.name}'s own outputs", n))
                 samples = [self.audited[key] for key in keys]
-                t0 = time.perf_counter()
-                await force_all(ref_forcer, self.items, samples, self._file("reference"),
-                                Ticker(f"teacher forcing the audited outputs on {ref.name}", n))
-                say(f"teacher forcing {len(samples)} audited outputs on {ref.name}: {time.perf_counter() - t0:.0f} s, "
-                    f"{ref_forcer.requests} requests")
-                if cand is not None:
-                    # the A/A floor: the first look's first AA_PROBE scored twice; every output, if those differ
-                    again = self._file("reference-again")
-                    if k == 0:
-                        await force_all(ref_forcer, self.items, samples[:AA_PROBE], again)
-                    if not self._reproduced(forcing_of(self._file("reference")), again):
-                        await force_all(ref_forcer, self.items, samples, again)
+                async with asyncio.TaskGroup() as passes:  # two servers: the candidate's pass beside the reference's
+                    passes.create_task(self._on_reference(ref, ref_forcer, floor_m, floor_dir, keys, samples, k, limit))
+                    if cand is not None:
+                        passes.create_task(self._on_candidate(cand, cand_info, samples, limit))
+            except BaseExceptionGroup as group:  # the first failure as itself (exit codes read its type)
+                raise group.exceptions[0] from None
             finally:
                 await ref_forcer.aclose()
-            if cand is not None:
-                cand_forcer = self._forcer(cand, cand_info, limit)
-                try:
-                    await force_all(cand_forcer, self.items, samples, self._file("candidate"),
-                                    Ticker(f"teacher forcing the audited outputs on {cand.name}", n))
-                finally:
-                    await cand_forcer.aclose()
             spent = time.monotonic() - started
             verdict, figures = self._judge(floor_m, floor_dir, k + 1)
             if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
@@ -191,6 +184,39 @@ class Audit:
         taken = len([s for s in self.sizes if s <= figures.get("units", 0)])
         return AuditResult(verdict, figures, self.sizes[:taken], self.sizes, stop,
                            floor_m.run_id if floor_m else None)
+
+    async def _on_reference(self, ref: Target, forcer: TeacherForcer, floor_m: RunManifest, floor_dir: Path,
+                            keys: list[tuple[str, str, int]], samples: list[Sample], look: int,
+                            limit: int | None) -> None:
+        """The reference's passes of a look: its own outputs (the floor, top-1), the audited outputs, and with a
+        candidate the A/A floor (the first look's first AA_PROBE scored twice; every output, if those differ)."""
+        n = len(samples)
+        await forcing.teacher_force(ref, floor_m, floor_dir, self.items, self.run, floor_dir,
+                                    keys={(s, i) for s, i, _ in keys}, limit=limit, top_k=1,
+                                    on_done=Ticker(f"teacher forcing {ref.name}'s own outputs", n))
+        t0 = time.perf_counter()
+        await force_all(forcer, self.items, samples, self._file("reference"),
+                        Ticker(f"teacher forcing the audited outputs on {ref.name}", n))
+        say(f"teacher forcing {n} audited outputs on {ref.name}: {time.perf_counter() - t0:.0f} s, "
+            f"{forcer.requests} requests")
+        if self.cand is not None:
+            again = self._file("reference-again")
+            if look == 0:
+                await force_all(forcer, self.items, samples[:AA_PROBE], again)
+            if not self._reproduced(forcing_of(self._file("reference")), again):
+                await force_all(forcer, self.items, samples, again)
+
+    async def _on_candidate(self, cand: Target, info: dict[str, Any], samples: list[Sample],
+                            limit: int | None) -> None:
+        forcer = self._forcer(cand, info, limit)
+        try:
+            t0 = time.perf_counter()
+            await force_all(forcer, self.items, samples, self._file("candidate"),
+                            Ticker(f"teacher forcing the audited outputs on {cand.name}", len(samples)))
+            say(f"teacher forcing {len(samples)} audited outputs on {cand.name}: {time.perf_counter() - t0:.0f} s, "
+                f"{forcer.requests} requests")
+        finally:
+            await forcer.aclose()
 
     def _reproduced(self, first: Forcing, again: Path) -> bool:
         return again.exists() and floor_reproduced(first, forcing_of(again))

@@ -39,19 +39,21 @@ async def common_window_limit(*targets: Target) -> int | None:
 async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, items: dict[tuple[str, str], Item],
                         run: RunDefaults, own_dir: Path, *, keys: set[tuple[str, str]] | None = None,
                         again: bool = False, again_keys: set[tuple[str, str]] | None = None, check: bool = True,
-                        limit: int | None = None, on_done: Callable[[], None] | None = None) -> float | None:
+                        limit: int | None = None, top_k: int | None = None,
+                        on_done: Callable[[], None] | None = None) -> float | None:
     """Teacher-force the baseline's completions (of the items in `keys`, all when None) on `target`;
     `again` also runs the second pass on the same server (the token-level A/A floor), over the items
     of `again_keys` among them (all when None). `check`:
     first score the server's own outputs, per API kind, and refuse an echo that disagrees.
     `limit`: the prompt tokens a window may hold (`common_window_limit` of the comparison's
     servers; None: the server's own), recorded beside the teacher files.
+    `top_k`: the top logprobs a position is scored with (default: the run's, at least 5, what KL reads).
     `on_done` is called per completion forced (either pass)."""
     if refusal(base_dir, manifest.run_id) is not None:
         return None  # this server's echo was refused at an earlier round
     base_samples = [s for s in load_samples(base_dir, "tokens").values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
     forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
-    forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", max(run.top_logprobs, 5),
+    forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", top_k or max(run.top_logprobs, 5),
                         run.timeout, run.concurrency, run.retries).limit_to(limit)
     before = forcing_cost(base_dir, manifest.run_id) or dict.fromkeys(COST_KEYS, 0)  # earlier rounds' cost
 
