@@ -286,3 +286,24 @@ def test_load_of_ids_only_keeps_int32_codes(tmp_path) -> None:
     got = pos.load(tmp_path / "t.jsonl")
     assert got.tokens.dtype == np.int32 and got.top_codes.dtype == np.int32
     assert got.top_codes.shape == (50, 5)
+
+
+def test_a_token_tied_for_top_1_is_a_top_1_whatever_top_k_was_asked() -> None:
+    """The audit's "is the token the reference's top-1": a tie counts, so top-1 and top-5 passes agree. With
+    top-1 the server lists one of the tied tokens; with top-5 it lists them all, and `top1()` picks the
+    larger string."""
+    tokens = ("token_id:3", "token_id:3", "token_id:3")
+    token_lp = (-0.5, -0.5, -1.0)  # tied with 9 / with 9 and 7 / below 9
+    wide = ({"token_id:3": -0.5, "token_id:9": -0.5, "token_id:1": -2.0},
+            {"token_id:3": -0.5, "token_id:9": -0.5, "token_id:7": -0.5},
+            {"token_id:9": -0.5, "token_id:3": -1.0})
+    narrow = ({"token_id:3": -0.5}, {"token_id:9": -0.5, "token_id:3": -0.5}, {"token_id:9": -0.5, "token_id:3": -1.0})
+    by_top1, got = [], []
+    for tops in (wide, narrow):
+        a = pos.from_logprobs(_wrap({("s", "0", 0): TokenLogprobs(tokens=tokens, token_logprobs=token_lp,
+                                                                   top_logprobs=tops)}))
+        x = np.arange(3)
+        by_top1.append((a.top1()[x] == a.tokens[x]).tolist())
+        got.append(a.is_top1(x).tolist())
+    assert by_top1 == [[False, False, False], [True, False, False]]  # top1() alone depends on the width
+    assert got == [[True, True, False], [True, True, False]]

@@ -82,7 +82,7 @@ def own_scores(forcing: Forcing, keys: Sequence[Key]) -> OwnScores:
     seg = np.repeat(np.arange(rows.size), lengths)
     within = np.arange(total) - np.repeat(starts[:-1], lengths)
     x = a.starts[rows][seg] + within
-    same = a.top1()[x] == a.tokens[x]
+    same = a.is_top1(x)  # ties count: the same answer whatever top-k the passes asked
     return OwnScores(keys, starts, same, a.logprob[x].astype(np.float64), within.astype(np.int32))
 
 

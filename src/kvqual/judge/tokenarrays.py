@@ -176,6 +176,20 @@ class TokenArrays:
             self._top1 = out
         return self._top1
 
+    def is_top1(self, x: np.ndarray) -> np.ndarray:
+        """Per position of `x`: its own token is a top-1 there — it is `top1()`, or its logprob equals the
+        highest listed (a tie counts, whichever of the tied tokens the server put in its top-k). So the
+        answer does not depend on how many top logprobs were asked: with top-1 a server lists one of the
+        tied tokens, with top-5 all of them, and `top1()` breaks the tie by string."""
+        assert not self.released, "per-position arrays used after release()"
+        out = self.top1()[x] == self.tokens[x]
+        if self.logprob is None or self.top_lp is None:
+            return out
+        for s in range(0, x.size, CHUNK):  # in float32, as the top-k is kept: the same value compares equal
+            xs = x[s:s + CHUNK]
+            out[s:s + CHUNK] |= self.logprob[xs].astype(np.float32) >= self.top_lp[xs].max(axis=1)
+        return out
+
     def rows(self, keys: Iterable[Key]) -> np.ndarray:
         assert not self.released, "per-position arrays used after release()"
         return np.fromiter((self.index[k] for k in keys), dtype=np.int64)
