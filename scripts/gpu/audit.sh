@@ -11,17 +11,17 @@ N=${1:-2000} MAXTOK=${2:-1024} CONC=${3:-256}
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON SITE=; else PY=python3 SITE=:${KVQ_SITE:-/tmp/g/site}; fi
 W=${KVQUAL_OUT:-results}/audit-inputs; mkdir -p "$W"
 "$PY" scripts/gpu/long_prompts.py "$N" "$MAXTOK" > "$W/long.jsonl"
-t=$(date +%s.%N)
+t=$(date +%s)
 bash scripts/gpu/kvqual.sh run fp8 --suite "$W/long.jsonl" --concurrency "$CONC" --top-logprobs 1 | tee "$W/run.txt"
-echo "generation on fp8: $(echo "$(date +%s.%N) - $t" | bc) s"
+echo "generation on fp8: $(( $(date +%s) - t )) s"
 run=$(sed -n 's/.*→ //p' "$W/run.txt" | tail -n 1)
 PYTHONPATH=$PWD/src$SITE "$PY" scripts/outputs_from_run.py "$run" "$W/fp8-outputs.jsonl"
 extras=("")
 [ "${CANDIDATE:-0}" = 1 ] && extras+=("--candidate fp8")
 for extra in "${extras[@]}"; do
-  t=$(date +%s.%N)
+  t=$(date +%s)
   # shellcheck disable=SC2086  # extra is two words or none
   bash scripts/gpu/kvqual.sh audit "$W/fp8-outputs.jsonl" --against bf16 $extra --looks 1 --sample "$N" \
     --concurrency "$CONC" --max-minutes 0 || true
-  echo "audit against bf16 ${extra:-(no candidate)}: $(echo "$(date +%s.%N) - $t" | bc) s"
+  echo "audit against bf16 ${extra:-(no candidate)}: $(( $(date +%s) - t )) s"
 done
