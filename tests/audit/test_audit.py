@@ -128,3 +128,21 @@ def test_a_forcing_pass_reports_its_progress(capsys):
     quiet = Ticker("x", 3, every=3600)
     quiet()
     assert "x:" not in capsys.readouterr().err
+
+
+def test_outputs_of_the_same_prompts_in_another_file_reuse_the_floor(tmp_path, fake_server):
+    """The floor depends on the prompts alone: another config's outputs of the same prompts, in another
+    order, are judged against the same floor run (not generated again)."""
+    setup(tmp_path, fake_server)
+    outputs(tmp_path / "a.jsonl", 130)
+    outputs(tmp_path / "b.jsonl", 130, completion=lambda i: f" {i} {i}")
+    lines = (tmp_path / "b.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "b.jsonl").write_text("".join(reversed(lines)))
+    floors = []
+    for name in ("a.jsonl", "b.jsonl"):
+        r = kvqual(tmp_path, "audit", name, "--against", "ref")
+        assert r.returncode in (0, 1), r.stdout + r.stderr
+        path, = (tmp_path / "results").glob(f"audit-{name.split('.')[0]}-*/report.json")
+        floors.append(json.loads(path.read_text())["floor_run"])
+    assert floors[0] == floors[1]
+    assert len(list((tmp_path / "results").glob("ref-*/manifest.json"))) == 1

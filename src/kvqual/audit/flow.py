@@ -100,8 +100,10 @@ class Audit:
         self.run = replace(run, repeats=1, max_failed_rate=config.gate.max_failed_rate)
         self.items = _items(drawn, max_tokens)  # --max-tokens where the file does not say
         self.outputs = {o.item.id: o for o in drawn.outputs}
-        self.suite = LoadedSuite(SuiteRef(SUITE, source, suite_hash(list(self.items.values())), len(self.items)),
-                                 tuple(self.items.values()))
+        # the floor's suite: the prompts by id, so that a file holding the same prompts in another order (the
+        # outputs of another config) is the same suite, and its floor run is reused
+        prompts = tuple(sorted(self.items.values(), key=lambda i: i.id))
+        self.suite = LoadedSuite(SuiteRef(SUITE, source, suite_hash(prompts), len(prompts)), prompts)
         self.order = [(s, i, 0) for s, i in item_order(self.items, self.run.seed)]
         self.sizes = look_sizes(len(self.order), config.gate.looks, config.gate.first_look)
         self.audited: dict[tuple[str, str, int], Sample] = {}
