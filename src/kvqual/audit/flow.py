@@ -11,7 +11,8 @@ each look the audit
    the reference's /tokenize — on the reference, and with a candidate on the candidate too, plus the
    reference a second time on the first look's first 32 (every one, if those do not reproduce bit for bit);
    The reference's passes ask for top-1 only (what `top1_loss` and the mean log-probability read) unless a
-   candidate is given, whose KL needs the top-k of both; the candidate's pass runs beside the reference's.
+   candidate is given, whose KL needs the top-k of both; the candidate's pass runs beside the reference's
+   (after it, where kvqual started both servers: they share this machine's cores).
 3. asks the judge (`judge.audit.judge_audit`, pure over what was saved) and stops at the first decided
    look, at the end of the sample, or when the next look would overrun `max_minutes`.
 """
@@ -168,9 +169,14 @@ class Audit:
                 await self._audited(ref_forcer, keys)
                 self._save()
                 samples = [self.audited[key] for key in keys]
-                async with asyncio.TaskGroup() as passes:  # two servers: the candidate's pass beside the reference's
-                    passes.create_task(self._on_reference(ref, ref_forcer, floor_m, floor_dir, keys, samples, k, limit))
+                on_ref = self._on_reference(ref, ref_forcer, floor_m, floor_dir, keys, samples, k, limit)
+                if cand is None or (ref.launch and cand.launch):  # two servers kvqual started share these cores
+                    await on_ref
                     if cand is not None:
+                        await self._on_candidate(cand, cand_info, samples, limit)
+                else:
+                    async with asyncio.TaskGroup() as passes:  # two servers: the candidate's pass beside the reference's
+                        passes.create_task(on_ref)
                         passes.create_task(self._on_candidate(cand, cand_info, samples, limit))
             except BaseExceptionGroup as group:  # the first failure as itself (exit codes read its type)
                 raise group.exceptions[0] from None
