@@ -175,7 +175,7 @@ class Audit:
                     if cand is not None:
                         await self._on_candidate(cand, cand_info, samples, limit)
                 else:
-                    async with asyncio.TaskGroup() as passes:  # two servers: the candidate's pass beside the reference's
+                    async with asyncio.TaskGroup() as passes:  # two servers: the two passes side by side
                         passes.create_task(on_ref)
                         passes.create_task(self._on_candidate(cand, cand_info, samples, limit))
             except BaseExceptionGroup as group:  # the first failure as itself (exit codes read its type)
@@ -202,11 +202,7 @@ class Audit:
         await forcing.teacher_force(ref, floor_m, floor_dir, self.items, self.run, floor_dir,
                                     keys={(s, i) for s, i, _ in keys}, limit=limit, top_k=1,
                                     on_done=Ticker(f"teacher forcing {ref.name}'s own outputs", n))
-        t0 = time.perf_counter()
-        await force_all(forcer, self.items, samples, self._file("reference"),
-                        Ticker(f"teacher forcing the audited outputs on {ref.name}", n))
-        say(f"teacher forcing {n} audited outputs on {ref.name}: {time.perf_counter() - t0:.0f} s, "
-            f"{forcer.requests} requests")
+        await self._force_audited(forcer, ref, samples, "reference")
         if self.cand is not None:
             again = self._file("reference-again")
             if look == 0:
@@ -218,13 +214,17 @@ class Audit:
                             limit: int | None) -> None:
         forcer = self._forcer(cand, info, limit)
         try:
-            t0 = time.perf_counter()
-            await force_all(forcer, self.items, samples, self._file("candidate"),
-                            Ticker(f"teacher forcing the audited outputs on {cand.name}", len(samples)))
-            say(f"teacher forcing {len(samples)} audited outputs on {cand.name}: {time.perf_counter() - t0:.0f} s, "
-                f"{forcer.requests} requests")
+            await self._force_audited(forcer, cand, samples, "candidate")
         finally:
             await forcer.aclose()
+
+    async def _force_audited(self, forcer: TeacherForcer, target: Target, samples: list[Sample], scorer: str) -> None:
+        """The audited outputs scored on `target` into forced-`scorer`.jsonl, with progress and the time it took."""
+        t0 = time.perf_counter()
+        await force_all(forcer, self.items, samples, self._file(scorer),
+                        Ticker(f"teacher forcing the audited outputs on {target.name}", len(samples)))
+        say(f"teacher forcing {len(samples)} audited outputs on {target.name}: {time.perf_counter() - t0:.0f} s, "
+            f"{forcer.requests} requests")
 
     def _reproduced(self, first: Forcing, again: Path) -> bool:
         return again.exists() and floor_reproduced(first, forcing_of(again))

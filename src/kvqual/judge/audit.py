@@ -116,6 +116,14 @@ def _interval(diffs: list[float], clusters: np.ndarray, level: float = 0.95) -> 
             "n": m.n, "clusters": m.n_clusters}
 
 
+def _paired(audited: Mapping[Key, float], floor: Mapping[Key, float], paired: list[Key],
+            clusters: np.ndarray) -> dict[str, Any]:
+    """A per-unit figure's mean on the audited outputs and on the floor, and their paired difference."""
+    return {"audited": rounded(np.mean([audited[k] for k in paired])) if paired else None,
+            "floor": rounded(np.mean([floor[k] for k in paired])) if paired else None,
+            "difference": _interval([audited[k] - floor[k] for k in paired], clusters)}
+
+
 @dataclass(frozen=True)
 class AuditEvidence:
     """The teacher-forced figures of an audit, computed once for every look."""
@@ -233,13 +241,8 @@ def judge_audit(items: Mapping[tuple[str, str], Item], audited: Mapping[Key, Sam
     figures: dict[str, Any] = {
         "units": len(keys_all), "scored": len(a_lp), "floor_scored": len(f_lp),
         "tokens_scored": int(ev.audited.logprob.size), "floor_tokens_scored": int(ev.floor.logprob.size),
-        "mean_logprob": {"audited": rounded(np.mean([a_lp[k] for k in paired])) if paired else None,
-                         "floor": rounded(np.mean([f_lp[k] for k in paired])) if paired else None,
-                         "difference": _interval([a_lp[k] - f_lp[k] for k in paired], clusters)},
-        "same_top1_with_reference": {
-            "audited": rounded(np.mean([a_top[k] for k in paired])) if paired else None,
-            "floor": rounded(np.mean([f_top[k] for k in paired])) if paired else None,
-            "difference": _interval([a_top[k] - f_top[k] for k in paired], clusters)},
+        "mean_logprob": _paired(a_lp, f_lp, paired, clusters),
+        "same_top1_with_reference": _paired(a_top, f_top, paired, clusters),
         "by_position": _buckets(ev.audited, ev.floor, ev.ab),
         "most_drifted": _drifted(ev, items, audited, set(keys_all), lines),
     }
