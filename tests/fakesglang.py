@@ -26,7 +26,11 @@ Run as a process: `python tests/fakesglang.py --port P [--kv-cache-dtype fp8_e4m
 The model is a toy: pieces (`\\s*\\S+`) get ids from a hash table, `<s>`/`</s>` are 1/2; the next-token
 distribution is a hash of the last 6 ids, so scoring a sequence in one prefill gives exactly the
 logprobs reported while generating it. `--logprob-noise S` shifts every logprob by a seeded amount (a
-candidate whose distributions drift); the KV dtype is only reported. Not offered: streaming, batches of
+candidate whose distributions drift). `--cache-noise S` shifts only the logprobs computed by a query that
+read K/V back from the cache, as an fp8 KV cache does on the real server: every decode step after the
+first, and a prefill whose prefix matched the radix cache; a prefill that matched nothing attends to the
+K/V it has just computed and sees no drift (so one-prefill scoring of a completion is blind to it, as SGLang
+0.5.17's is, docs/gpu.md). The KV dtype is only reported. Not offered: streaming, batches of
 more than one prompt on the OpenAI endpoints, stop strings, tools.
 """
 
@@ -91,26 +95,53 @@ class ToyModel:
         self.pool = [tok.piece_id(w) for w in POOL]
         self.noise = noise
 
-    def logprobs(self, context: list[int]) -> dict[int, float]:
+    def logprobs(self, context: list[int], kv: float = 0.0) -> dict[int, float]:
         """The candidates at the next position (8 pool words and EOS) with their logprobs; any other
-        id gets `other_logprob`. EOS can lead only after two pool words, so answers are not empty."""
+        id gets `other_logprob`. EOS can lead only after two pool words, so answers are not empty.
+        `kv`: the drift of K/V read back from the cache (0: none read)."""
         key = tuple(context[-WINDOW:])
         cands = list(dict.fromkeys(self.pool[int(_h(key, j) * len(self.pool))] for j in range(8)))
         scores = {t: 3.0 * _h(key, "s", t) for t in cands}
         two_words = len(key) >= 2 and key[-1] in self.pool and key[-2] in self.pool
         scores[EOS] = 4.0 if two_words and _h(key, "stop") < 0.3 else -2.0
         norm = math.log(sum(math.exp(s) for s in scores.values()))
-        return {t: s - norm - self.noise * _h("noise", key, t) for t, s in scores.items()}
+        return {t: s - norm - self.noise * _h("noise", key, t) - kv * _h("kv", key, t) for t, s in scores.items()}
 
-    def logprob(self, context: list[int], token: int) -> float:
-        lps = self.logprobs(context)
+    def logprob(self, context: list[int], token: int, kv: float = 0.0) -> float:
+        lps = self.logprobs(context, kv)
         if token in lps:
             return lps[token]
         key = tuple(context[-WINDOW:])
-        return -12.0 - 3.0 * _h(key, "other", token) - self.noise * _h("noise", key, token)
+        return -12.0 - 3.0 * _h(key, "other", token) - self.noise * _h("noise", key, token) - kv * _h("kv", key, token)
 
-    def top(self, context: list[int], k: int) -> list[tuple[float, int]]:
-        return sorted(((lp, t) for t, lp in self.logprobs(context).items()), reverse=True)[:k]
+    def top(self, context: list[int], k: int, kv: float = 0.0) -> list[tuple[float, int]]:
+        return sorted(((lp, t) for t, lp in self.logprobs(context, kv).items()), reverse=True)[:k]
+
+
+class RadixCache:
+    """The radix cache as a token trie: every finished request's input + output ids are inserted, and a
+    request's prefix match is the longest cached path, capped at `limit` (schedule_batch.py
+    `_compute_max_prefix_len`)."""
+
+    def __init__(self) -> None:
+        self.root: dict[int, dict] = {}
+
+    def match(self, ids: list[int], limit: int) -> int:
+        node, n = self.root, 0
+        for t in ids[:max(0, limit)]:
+            nxt = node.get(t)
+            if nxt is None:
+                break
+            node, n = nxt, n + 1
+        return n
+
+    def insert(self, ids: list[int]) -> None:
+        node = self.root
+        for t in ids:
+            node = node.setdefault(t, {})
+
+    def clear(self) -> None:
+        self.root = {}
 
 
 class Engine:
@@ -122,22 +153,11 @@ class Engine:
         self.args = args
         self.tok = ToyTokenizer()
         self.model = ToyModel(self.tok, args.logprob_noise)
-        self.cache: list[tuple[int, ...]] = []  # the radix cache, as whole sequences
+        self.cache = RadixCache()
         self.running = 0
         self.totals = {"prompt": 0, "generation": 0, "cached": 0, "requests": 0, "itl_tokens": 0}
         self.last_gen_throughput = 0.0
         self.cache_hit_rate = 0.0
-
-    def _cached(self, ids: list[int], limit: int) -> int:
-        best = 0
-        for seq in self.cache:
-            n = 0
-            for a, b in zip(seq, ids):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return min(best, limit)
 
     def _entries(self, vals: list[tuple[float | None, int]], text: bool) -> list[list[Any]]:
         """tokenizer_manager.py detokenize_logprob_tokens: [logprob, token_id, text or None]."""
@@ -156,26 +176,29 @@ class Engine:
             raise ValueError("max_new_tokens must be at least 0.")
         temperature = 1.0 if sp.get("temperature") is None else float(sp["temperature"])
         rng = random.Random(f"{sp.get('sampling_seed')}|{ids}")
+        # SGLang limits the prefix match to logprob_start_len so the prompt's logprobs are computed
+        cached = self.cache.match(ids, min(len(ids) - 1, start if return_logprob and start >= 0 else len(ids)))
+        read = self.args.cache_noise if cached else 0.0  # the prefill's queries read the matched prefix's K/V
         output: list[int] = []
         out_lp: list[tuple[float | None, int]] = []
         out_top: list[list[tuple[float, int]]] = []
         finish: dict[str, Any] = {"type": "length", "length": max_new}
-        for _ in range(max_new):
-            lps = self.model.logprobs(ids + output)
+        for step in range(max_new):
+            kv = read if step == 0 else self.args.cache_noise  # a decode step reads every K/V from the cache
+            lps = self.model.logprobs(ids + output, kv)
             if temperature < 1e-6:  # SamplingParams: temperature 0 is greedy (top_k = 1)
                 token = max(lps, key=lps.__getitem__)
             else:
                 weights = [math.exp(lp / temperature) for lp in lps.values()]
                 token = rng.choices(list(lps), weights)[0]
             out_lp.append((lps[token], token))
-            out_top.append(self.model.top(ids + output, k))
+            out_top.append(self.model.top(ids + output, k, kv))
             output.append(token)
             if token == EOS and not sp.get("ignore_eos"):
                 finish = {"type": "stop", "matched": EOS}  # schedule_batch.py FINISH_MATCHED_TOKEN.to_json
                 break
-        # SGLang limits the prefix match to logprob_start_len so the prompt's logprobs are computed
-        cached = self._cached(ids, min(len(ids) - 1, start if return_logprob and start >= 0 else len(ids)))
-        self.cache.append(tuple(ids + output))
+        if not self.args.disable_radix_cache:
+            self.cache.insert(ids + output)
         self._account(len(ids), len(output), cached)
         meta: dict[str, Any] = {
             "id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(ids),
@@ -189,13 +212,13 @@ class Engine:
             # None (`[None] + input_token_logprobs[:-1]`), whatever logprob_start_len is; -1: none
             span = range(start, len(ids)) if start >= 0 else range(0)
             meta["input_token_logprobs"] = self._entries(
-                [(None if p == start else self.model.logprob(ids[:p], ids[p]), ids[p]) for p in span],
+                [(None if p == start else self.model.logprob(ids[:p], ids[p], read), ids[p]) for p in span],
                 text_in_logprobs)
             meta["output_token_logprobs"] = self._entries(out_lp, text_in_logprobs)
             meta["output_token_logprobs_length"] = len(out_lp)
             if k > 0:
                 meta["input_top_logprobs"] = [None if p == start else
-                                              self._entries(self.model.top(ids[:p], k), text_in_logprobs)
+                                              self._entries(self.model.top(ids[:p], k, read), text_in_logprobs)
                                               for p in span]
                 meta["output_top_logprobs"] = [self._entries(t, text_in_logprobs) for t in out_top]
         out = {"text": self.tok.decode(output, skip_special_tokens=True), "output_ids": output, "meta_info": meta}
@@ -304,7 +327,7 @@ class Fake:
                 "page_size": 1, "context_length": a.context_length, "device": "cuda", "tp_size": 1, "pp_size": 1,
                 "dp_size": 1, "random_seed": 0, "enable_metrics": a.enable_metrics,
                 "served_model_name": a.served_model_name, "weight_version": "default", "chat_template": None,
-                "disable_radix_cache": False, "attention_backend": "fa3", "speculative_algorithm": None}
+                "disable_radix_cache": a.disable_radix_cache, "attention_backend": "fa3", "speculative_algorithm": None}
 
     async def server_info(self, request: web.Request) -> web.Response:
         """http_server.py get_server_info: {**server_args, **scheduler_info, internal_states, version}."""
@@ -498,6 +521,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-total-num-tokens", type=int, default=20480)
     p.add_argument("--context-length", type=int, default=4096)
     p.add_argument("--logprob-noise", type=float, default=0.0)
+    p.add_argument("--disable-radix-cache", action="store_true", help="cache nothing: every prefix is recomputed")
+    p.add_argument("--cache-noise", type=float, default=0.0, help="drift of K/V read back from the cache")
     p.add_argument("--enable-metrics", action="store_true")
     args = p.parse_args(argv)
     args.served_model_name = args.served_model_name or args.model

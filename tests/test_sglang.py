@@ -63,12 +63,16 @@ def plain() -> Iterator[FakeSglang]:
     yield from _server()
 
 
-def _force(server_url: str, call: str, *args: Any, retries: int = 5) -> Any:
+def _force(server_url: str, call: str, *args: Any, retries: int = 5, step: int = 1,
+           counts: dict[str, int] | None = None) -> Any:
     async def go() -> Any:
-        forcer = SglangForcer(server_url, "", MODEL, top_logprobs=3, timeout=10, concurrency=2, retries=retries)
+        forcer = SglangForcer(server_url, "", MODEL, top_logprobs=3, timeout=10, concurrency=2, retries=retries,
+                              step=step)
         try:
             return await getattr(forcer, call)(*args)
         finally:
+            if counts is not None:
+                counts.update(requests=forcer.requests, scored=forcer.cache_scored, missed=forcer.cache_missed)
             await forcer.aclose()
     return asyncio.run(go())
 
@@ -158,6 +162,63 @@ def test_a_drifting_candidate_scores_the_baseline_tokens_with_its_own_logprobs(f
         assert lp.token_ids == tuple(ids)
         diffs = [b - c for b, c in zip(baseline, lp.token_logprobs[len(gen["prompt_token_ids"]):])]
         assert len(diffs) == len(baseline) and all(0 <= d < float(noise) for d in diffs) and max(diffs) > 0
+
+
+def _greedy_completion(server: FakeSglang, prompt: str) -> tuple[Item, Sample, list[float]]:
+    """A greedy completion generated on `server` as a completions item and its sample (ids recorded), and
+    the logprobs its decoding reported."""
+    gen = _generate(server, text=prompt, sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
+    out = gen["output_ids"]
+    lp = TokenLogprobs(tokens=tuple(f"token_id:{i}" for i in out),
+                       token_logprobs=tuple(e[0] for e in gen["meta_info"]["output_token_logprobs"]),
+                       top_logprobs=tuple({} for _ in out), token_ids=tuple(out))
+    sample = Sample(id="p", suite="text", repeat=0, text=gen["text"], finish_reason="length",
+                    completion_tokens=len(out), error=None, prompt_tokens=len(gen["prompt_token_ids"]), logprobs=lp)
+    return Item(id="p", suite="text", prompt=tuple(gen["prompt_token_ids"])), sample, list(lp.token_logprobs)
+
+
+def test_scoring_through_the_cache_reads_what_decoding_read_where_one_prefill_is_blind():
+    """A server whose cached K/V drift (`--cache-noise`, an fp8 cache): decoding read every earlier token
+    back from the cache, one prefill of prompt + completion reads none of it, so its scores miss the drift
+    (SGLang 0.5.17 on an H100 scored an fp8_e4m3 cache bit for bit as bf16). Scored a step at a time, each
+    step finds the previous ones in the radix cache, and every token after the first gets decoding's own
+    logprob back; with steps of 4, a quarter of the requests and the same here (the fake's drift is all or
+    nothing; on a real server up to 3 fresh positions of a step are not read from the cache)."""
+    server = start_fake_sglang("--kv-cache-dtype", "fp8_e4m3", "--cache-noise", "0.4")
+    try:
+        item, sample, decoded = _greedy_completion(server, PROMPT)
+        n = len(decoded)
+        blind = _force(server.base_url, "force", item, sample, step=0)
+        counts: dict[str, int] = {}
+        one = _force(server.base_url, "force", item, sample, step=1, counts=counts)
+        four_counts: dict[str, int] = {}
+        four = _force(server.base_url, "force", item, sample, step=4, counts=four_counts)
+    finally:
+        server.stop()
+    assert n == 32 and blind.aligned and one.aligned and four.aligned
+    assert all(b > d for b, d in zip(blind.logprobs.token_logprobs[1:], decoded[1:]))  # the drift went unseen
+    assert one.logprobs.token_logprobs[1:] == tuple(decoded[1:])
+    assert four.logprobs.token_logprobs[1:] == tuple(decoded[1:])
+    assert one.logprobs.token_ids == four.logprobs.token_ids == sample.logprobs.token_ids
+    # a request a step, and the one /v1/models ask for the prompt limit
+    assert counts == {"requests": n + 1, "scored": n, "missed": 0}
+    assert four_counts == {"requests": n // 4 + 1, "scored": n, "missed": 0}
+
+
+def test_steps_that_find_no_cache_are_counted_as_missed_and_score_what_one_prefill_does():
+    """`--disable-radix-cache` (and SGLang's deterministic mode, which does not insert finished requests):
+    no step finds the previous ones, so every token after the first step's is scored against recomputed
+    K/V, blind as one prefill is; the forcer counts them instead of passing them off as read."""
+    server = start_fake_sglang("--kv-cache-dtype", "fp8_e4m3", "--cache-noise", "0.4", "--disable-radix-cache")
+    try:
+        item, sample, decoded = _greedy_completion(server, PROMPT)
+        counts: dict[str, int] = {}
+        stepped = _force(server.base_url, "force", item, sample, step=2, counts=counts)
+        blind = _force(server.base_url, "force", item, sample, step=0)
+    finally:
+        server.stop()
+    assert stepped.logprobs.token_logprobs == blind.logprobs.token_logprobs
+    assert counts["scored"] == len(decoded) and counts["missed"] == len(decoded) - 2
 
 
 def test_a_request_that_fails_for_good_is_a_failed_reason_not_logprobs():
@@ -340,3 +401,43 @@ def test_compare_on_sglang_forces_chat_and_completions_items_by_exact_ids(tmp_pa
     kl = next(c for c in report["verdict"]["criteria"] if c["name"] == "kl_excess")
     assert kl["estimate"] is not None and kl["estimate"] > 0  # the candidate's noise is measured
 
+
+
+def _compare_sglang(tmp_path: Path, cand_flags: list[str], run: str = "") -> dict[str, Any]:
+    import json
+    import os
+
+    base = start_fake_sglang("--enable-metrics", "--dtype", "bfloat16")
+    cand = start_fake_sglang("--kv-cache-dtype", "fp8_e4m3", "--enable-metrics", "--dtype", "bfloat16", *cand_flags)
+    try:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        lines = [{"id": f"t{i}", "prompt": f"Count with me: {i} and then"} for i in range(40)]
+        (tmp_path / "s.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (tmp_path / "kvqual.toml").write_text(
+            f'[targets.base]\nbase_url = "{base.base_url}"\n[targets.cand]\nbase_url = "{cand.base_url}"\n'
+            f'[run]\nsuites = ["s.jsonl"]\nmax_tokens = 16\n{run}')
+        r = subprocess.run([sys.executable, "-m", "kvqual", "compare", "base", "cand", "--fixed-n"], cwd=tmp_path,
+                           env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=300)
+        assert r.returncode in (0, 1, 3), r.stdout + r.stderr
+        return json.loads(next((tmp_path / "results").glob("compare-*/report.json")).read_text())
+    finally:
+        base.stop()
+        cand.stop()
+
+
+def test_a_compare_on_sglang_measures_a_drifting_cache_through_it_and_is_blind_in_one_prefill(tmp_path):
+    """The whole compare: an fp8 candidate whose cached K/V drift. Scored through the cache (the
+    default), the KL reads the drift and the report counts the tokens scored so; scored in one prefill
+    (`sglang_score_step = 0`), the scores are the baseline's bit for bit and the token criteria are left
+    out as blind."""
+    through = _compare_sglang(tmp_path / "through", ["--cache-noise", "0.4"])
+    blind = _compare_sglang(tmp_path / "blind", ["--cache-noise", "0.4"], "sglang_score_step = 0\n")
+    tf = through["teacher_forcing"]
+    assert tf["blind"] is None and tf["usable"] == 40
+    cache = tf["through_cache"]
+    assert cache["baseline"]["step"] == cache["candidate"]["step"] == 1
+    assert cache["candidate"]["scored"] >= 40 and cache["candidate"]["missed"] == 0
+    kl = next(c for c in through["verdict"]["criteria"] if c["name"] == "kl_excess")
+    assert kl["estimate"] is not None and kl["estimate"] > 0.001
+    assert blind["teacher_forcing"]["blind"] is not None and blind["teacher_forcing"]["through_cache"] is None
+    assert next(c for c in blind["verdict"]["criteria"] if c["name"] == "kl_excess")["status"] == "inconclusive"

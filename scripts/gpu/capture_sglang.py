@@ -96,6 +96,16 @@ def main() -> int:
         many = {**body, "input_ids": [ids] * 8}  # a batch of 8, as a pass of many items would not send (one each)
         rec = call(base, "POST", "/generate", many)
         print(f"generate_score x8 batch: {rec['status']} in {rec['seconds']} s")
+        # scoring through the cache (forcing/sglang.py, `sglang_score_step`): after a flush, the sequence up to
+        # token k scored from k - 1, then up to k + 1 from k: the second finds the first's ids in the radix cache
+        # (`meta_info.cached_tokens`), unless the server inserts none (--enable-deterministic-inference)
+        call(base, "POST", "/flush_cache")
+        k = len(ids) - 2
+        for name, upto in (("generate_step_first", k + 1), ("generate_step_next", k + 2)):
+            rec = call(base, "POST", "/generate", {**body, "input_ids": ids[:upto], "logprob_start_len": upto - 2})
+            (a.out / f"{name}.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
+            meta = rec["body"].get("meta_info", {}) if isinstance(rec["body"], dict) else {}
+            print(f"{name}: {rec['status']} in {rec['seconds']} s ({upto} ids, cached_tokens {meta.get('cached_tokens')})")
         for n in (1, 8, 32):  # how long one scoring request takes, alone: the recipe saw ~14 s a pass
             t0 = time.monotonic()
             for _ in range(n):

@@ -3,7 +3,8 @@
 # model, import checks: host/sgl-setup.sh), then the SGLang servers that scripts/gpu/kvqual-sgl.toml names, started
 # together, and wait until all answer:
 #   sgl_bf16 :30001 and sgl_bf16b :30004 (the A/A pair), sgl_fp8 :30002 (--kv-cache-dtype fp8_e4m3),
-#   sgl_bf16_hi :30003 and sgl_fp8_hi :30005 (the same two with --enable-hierarchical-cache).
+#   sgl_bf16_hi :30003 and sgl_fp8_hi :30005 (the same two with --enable-hierarchical-cache),
+#   sgl_det :30006 and sgl_detb :30007 (bf16 with --enable-deterministic-inference: its A/A pair).
 # Each gets the same KV cache memory (KV_BYTES, host/sgl-serve.sh), so capacities compare.
 # usage: bash scripts/gpu/up-sgl.sh [NAME...]     (default: sgl_bf16 sgl_bf16b sgl_fp8; the servers' logs go to $OUT)
 # Again while servers run or start: they are left alone, and waited for. Env: see host/sgl-serve.sh.
@@ -11,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 declare -A SPEC=([sgl_bf16]="30001 auto" [sgl_bf16b]="30004 auto" [sgl_fp8]="30002 fp8_e4m3"
                  [sgl_bf16_hi]="30003 auto --enable-hierarchical-cache"
-                 [sgl_fp8_hi]="30005 fp8_e4m3 --enable-hierarchical-cache")
+                 [sgl_fp8_hi]="30005 fp8_e4m3 --enable-hierarchical-cache"
+                 [sgl_det]="30006 auto --enable-deterministic-inference"
+                 [sgl_detb]="30007 auto --enable-deterministic-inference")
 [ $# -gt 0 ] || set -- sgl_bf16 sgl_bf16b sgl_fp8
 trap '[ -z "${OUT:-}" ] || cp /tmp/s/*.log "$OUT"/ 2> /dev/null || true' EXIT
 start=$(date +%s)

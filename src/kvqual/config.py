@@ -127,6 +127,9 @@ class RunDefaults:
     stream: bool = False
     serve_together: bool | None = None  # compare: both servers up at once (None: when kvqual launches none, or built-in)
     speed_from: str | None = None  # compare: a `kvqual load` load.json (or its folder) the speedup criterion reads
+    # SGLang: teacher forcing scores a completion through the KV cache, this many tokens a request (0: in one
+    # prefill, which never reads the cache: blind to its dtype; forcing/sglang.py, docs/gpu.md)
+    sglang_score_step: int = 1
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,7 @@ def _parse_run(path: str, table: Any) -> RunDefaults:
         "retries": (int,), "stall_seconds": (int, float), "repeats": (int,), "limit": (int,), "aa_fraction": (int, float),
         "results_dir": (str,), "max_failed_rate": (int, float), "stream": (bool,),
         "max_items": (int,), "max_minutes": (int, float), "budget_tokens": (int,), "serve_together": (bool,),
-        "speed_from": (str,),
+        "speed_from": (str,), "sglang_score_step": (int,),
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -271,6 +274,7 @@ def validate_run(run: RunDefaults, source: str, prefix: str = "--") -> None:
         ("max_items", run.max_items is None or run.max_items >= 2, "must be at least 2"),
         ("max_minutes", run.max_minutes is None or run.max_minutes >= 0, "must be >= 0 (0: no limit)"),
         ("budget_tokens", run.budget_tokens is None or run.budget_tokens >= 1, "must be at least 1"),
+        ("sglang_score_step", run.sglang_score_step >= 0, "must be >= 0 (0: score in one prefill, blind to the cache)"),
     ]
     checks.append(("results_dir", not os.path.exists(run.results_dir) or os.path.isdir(run.results_dir),
                    "must be a folder (a file of that name exists)"))

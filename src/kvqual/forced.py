@@ -178,6 +178,7 @@ def window_limit_of(base_dir: Path, scorer_run_id: str) -> tuple[bool, int | Non
 
 
 COST_KEYS = ("requests", "retried", "reconnects")
+CACHE_KEYS = ("scored", "missed")  # tokens scored through the KV cache, and those whose prefix was recomputed
 
 
 def forcing_cost(base_dir: Path, scorer_run_id: str) -> dict[str, int] | None:
@@ -202,4 +203,15 @@ def refusal(base_dir: Path, scorer_run_id: str) -> dict[str, Any] | None:
     try:
         return json.loads(refusal_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return None
+
+
+def through_cache(base_dir: Path, scorer_run_id: str) -> dict[str, int] | None:
+    """How one scoring server's teacher forcing read the KV cache, every round and pass together (SGLang's
+    steps, forcing/sglang.py): {"step": tokens a request, "scored": tokens scored so, "missed": those of them
+    whose step found its prefix recomputed, not cached}; None where it scored in one request an item."""
+    try:
+        got = json.loads(window_file(base_dir, scorer_run_id).read_text(encoding="utf-8"))["through_cache"]
+        return {k: int(got[k]) for k in ("step", *CACHE_KEYS)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -31,6 +31,7 @@ PLACEHOLDERS = {"<arm>": ("baseline", "candidate", "aa"), "<pair>": ("ab", "aa")
 NOT_REACHED_HERE = {
     "capacity.": "tests/fakeserver.py reports no KV capacity (tests/test_sglang.py checks these keys)",
     "steady_speed": "written only with --speed-from (tests/test_speed_from.py checks these keys)",
+    "teacher_forcing.through_cache.": "SGLang's scoring only (tests/test_sglang.py checks these keys)",
 }
 
 

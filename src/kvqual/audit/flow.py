@@ -29,7 +29,6 @@ from kvqual.config import Config, RunDefaults, Target
 from kvqual.errors import InfrastructureError, UsageError
 from kvqual.forced import teacher_file
 from kvqual.forcing import rounds as forcing
-from kvqual.forcing.sglang import SglangForcer
 from kvqual.forcing.teacher import TeacherForcer, force_all
 from kvqual.gate import Verdict, look_sizes
 from kvqual.judge.arms import Forcing, floor_reproduced, forcing_of
@@ -117,10 +116,8 @@ class Audit:
 
     def _forcer(self, target: Target, info: dict[str, Any], limit: int | None) -> TeacherForcer:
         """A forcer for `target` as `info` (what the server reported) describes it: its engine, its model."""
-        cls = SglangForcer if info.get("engine") == "sglang" else TeacherForcer
         model = target.model or next(iter(info.get("models") or []), "")
-        return cls(target.base_url, target.api_key(), model, self.top_k,
-                   self.run.timeout, self.run.concurrency, self.run.retries).limit_to(limit)
+        return forcing.make_forcer(info, target.base_url, target.api_key(), model, self.top_k, self.run).limit_to(limit)
 
     async def _audited(self, forcer: TeacherForcer, keys: list[tuple[str, str, int]]) -> None:
         """The look's audited outputs as samples with token ids (the file's, else the reference's /tokenize)."""
@@ -224,7 +221,7 @@ class Audit:
         await force_all(forcer, self.items, samples, self._file(scorer),
                         Ticker(f"teacher forcing the audited outputs on {target.name}", len(samples)))
         say(f"teacher forcing {len(samples)} audited outputs on {target.name}: {time.perf_counter() - t0:.0f} s, "
-            f"{forcer.requests} requests")
+            f"{forcer.requests} requests{forcer.through_cache_note()}")
 
     def _reproduced(self, first: Forcing, again: Path) -> bool:
         return again.exists() and floor_reproduced(first, forcing_of(again))

@@ -13,12 +13,21 @@ from typing import Callable
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import EchoDisagreement, InfrastructureError
 from kvqual.liveness import Liveness
-from kvqual.forced import COST_KEYS, FAILED, forcing_cost, refusal, refusal_file, teacher_file, window_file
+from kvqual.forced import CACHE_KEYS, COST_KEYS, FAILED, forcing_cost, through_cache, refusal, refusal_file, teacher_file, window_file
 from kvqual.forcing.sglang import SglangForcer
 from kvqual.forcing.teacher import TeacherForcer, check_echo_trust, force_all, trust_sample
 from kvqual.news import say
 from kvqual.records import Item, RunManifest
 from kvqual.store import load_samples, write_json_atomic
+
+
+def make_forcer(info: dict, base_url: str, api_key: str, model: str, top_k: int, run: RunDefaults) -> TeacherForcer:
+    """The forcer for a server as its probe describes it (`server_info`): SGLang's native scoring, through
+    the cache in `[run] sglang_score_step` steps, or the OpenAI echo (vLLM, kvqual serve)."""
+    if info.get("engine") == "sglang":
+        return SglangForcer(base_url, api_key, model, top_k, run.timeout, run.concurrency, run.retries,
+                            step=run.sglang_score_step)
+    return TeacherForcer(base_url, api_key, model, top_k, run.timeout, run.concurrency, run.retries)
 
 
 async def common_window_limit(*targets: Target) -> int | None:
@@ -52,18 +61,22 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     if refusal(base_dir, manifest.run_id) is not None:
         return None  # this server's echo was refused at an earlier round
     base_samples = [s for s in load_samples(base_dir, "tokens").values() if s.ok and (keys is None or (s.suite, s.id) in keys)]
-    forcer_cls = SglangForcer if manifest.server_info.get("engine") == "sglang" else TeacherForcer
-    forcer = forcer_cls(target.base_url, target.api_key(), manifest.model or "", top_k or max(run.top_logprobs, 5),
-                        run.timeout, run.concurrency, run.retries).limit_to(limit)
+    forcer = make_forcer(manifest.server_info, target.base_url, target.api_key(), manifest.model or "",
+                         top_k or max(run.top_logprobs, 5), run).limit_to(limit)
     before = forcing_cost(base_dir, manifest.run_id) or dict.fromkeys(COST_KEYS, 0)  # earlier rounds' cost
+    cached_before = through_cache(base_dir, manifest.run_id) or dict.fromkeys(CACHE_KEYS, 0)
 
     def record(cost: dict[str, int]) -> None:
+        cached = ({"step": forcer.step, **{k: cached_before[k] + v for k, v in
+                                             (("scored", forcer.cache_scored), ("missed", forcer.cache_missed))}}
+                  if isinstance(forcer, SglangForcer) and forcer.step > 0 else None)
         write_json_atomic(window_file(base_dir, manifest.run_id), {"target": target.name, "run_id": manifest.run_id,
-                                                                   "max_prompt": limit, "cost": cost})
+                                                                   "max_prompt": limit, "cost": cost,
+                                                                   **({"through_cache": cached} if cached else {})})
 
     record(before)
     probe = any(item.meta and "cache_wave" in item.meta for item in items.values())
-    if forcer_cls is TeacherForcer and (target.cold or probe):  # SGLang has no cache_salt
+    if not isinstance(forcer, SglangForcer) and (target.cold or probe):  # SGLang has no cache_salt
         forcer.salted(f"kvqual-forced:{manifest.run_id}:{'again' if again else 'first'}")
     live = Liveness(f"{target.name}: teacher forcing", [forcer.transport], stall=run.stall_seconds)
 
@@ -107,7 +120,7 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
         say(f"teacher forcing {len(base_samples)} baseline completions on {target.name}"
              + ((" twice (the second pass is the A/A floor)" if len(again_samples) == len(base_samples) else
                  f", {len(again_samples)} of them twice (the second pass is the A/A floor)") if again else "")
-             + f": {time.perf_counter() - started:.0f} s, {forcer.requests} requests"
+             + f": {time.perf_counter() - started:.0f} s, {forcer.requests} requests{forcer.through_cache_note()}"
              + (f" ({forcer.retried} attempts after a failure, {forcer.reconnects} reconnects)"
                 if forcer.retried or forcer.reconnects else ""))
         return trust

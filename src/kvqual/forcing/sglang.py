@@ -26,6 +26,23 @@ rendered by the chat endpoint's own `_process_messages` with the generation prom
 `add_generation_prompt` field the base sends is accepted and ignored (`extra="allow"`). Older SGLang
 takes `prompt` only: chat items are then left out with the base's reason.
 
+Scoring through the cache (`step`, on by default): SGLang scores a sequence in one prefill, whose
+attention reads the K/V it has just computed, never what the KV cache stores, so an fp8_e4m3 cache scores
+a completion bit for bit as bf16 does (measured on 0.5.17, docs/gpu.md "Blind scoring"). Decoding reads
+every earlier token's K/V back from the cache. So `score_ids` scores a completion in steps of `step`
+tokens, each step one request that holds the sequence up to the step's last token and asks logprobs from
+the position before its first scored token (`logprob_start_len`). SGLang matches a request's prefix in
+its radix cache up to its `logprob_start_len` (managers/schedule_batch.py `_compute_max_prefix_len`) and
+caches a finished request's ids (mem_cache/radix_cache.py `cache_finished_req`), so every step after the
+first finds the previous steps' tokens in the cache, as the cache stores them: the query that scores a
+token attends to everything before it through the cache, but for the step's own up to `step` freshly
+computed positions (with `step` 1: all but itself, as in decoding, where the query's own K/V is read
+back too). The answer's `meta_info.cached_tokens` says how much of each prefix was matched; a step that
+found less than it asked for (evicted, or a server whose radix cache is off, or that does not insert
+finished requests: `--disable-radix-cache`, `--enable-deterministic-inference`) scored its tokens against
+recomputed K/V, and is counted (`cache_missed`). It costs one request per `step` tokens, one after the
+other within a completion.
+
 Generated token ids: SGLang's OpenAI endpoints give them only through `return_token_ids: true`
 (protocol.py `CompletionRequest` / `ChatCompletionRequest`; the choice then carries `token_ids`, the
 native `output_ids`, and `prompt_token_ids`). kvqual's client sends it beside vLLM's
@@ -40,17 +57,21 @@ from typing import Any, Mapping
 from kvqual.client import TOKEN_ID_PREFIX
 from kvqual.errors import ServerContractError
 from kvqual.forced import FAILED
-from kvqual.forcing.teacher import TeacherForcer
+from kvqual.forcing.teacher import TeacherForcer, concat_parts
 from kvqual.records import TokenLogprobs
 
 
-def score_payload(ids: list[int], top_logprobs: int) -> dict[str, Any]:
-    """SGLang /generate body that scores every position of `ids` and generates nothing."""
+CACHE_STEP = 1  # tokens scored a request when scoring through the cache (`[run] sglang_score_step`; 0: one prefill)
+
+
+def score_payload(ids: list[int], top_logprobs: int, start: int = 0) -> dict[str, Any]:
+    """SGLang /generate body that scores the positions of `ids` from `start` (the first comes back
+    None) and generates nothing."""
     return {
         "input_ids": list(ids),
         "sampling_params": {"max_new_tokens": 0, "temperature": 0},
         "return_logprob": True,
-        "logprob_start_len": 0,
+        "logprob_start_len": start,
         "top_logprobs_num": max(0, top_logprobs),
         "return_text_in_logprobs": False,
     }
@@ -62,6 +83,15 @@ def _triple(entry: Any, server: str) -> tuple[float | None, int]:
         raise ServerContractError(f"{server}: /generate logprob entry is not [logprob, token_id, text]: "
                                   f"{str(entry)[:100]}")
     return (None if entry[0] is None else float(entry[0])), entry[1]
+
+
+def cached_tokens(data: Mapping[str, Any] | list[Any]) -> int | None:
+    """`meta_info.cached_tokens` of a /generate answer: the prefix tokens matched in the radix cache."""
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    meta = data.get("meta_info") if isinstance(data, Mapping) else None
+    n = meta.get("cached_tokens") if isinstance(meta, Mapping) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def parse_scores(data: Mapping[str, Any] | list[Any], want_top: int, server: str = "server") -> TokenLogprobs:
@@ -93,13 +123,49 @@ def parse_scores(data: Mapping[str, Any] | list[Any], want_top: int, server: str
 
 class SglangForcer(TeacherForcer):
     """TeacherForcer whose id scoring goes through SGLang's native /generate (the text path and
-    prompt rendering are the base's)."""
+    prompt rendering are the base's), through the cache in steps of `step` tokens (0: in one prefill)."""
 
-    async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
-        """Logprobs of every position of `ids` (position 0 None), tokens as ids; or why not (a request
-        that failed for good). A malformed answer is a contract error, as in the base."""
-        body = score_payload(ids, self.top_logprobs)
+    def __init__(self, *args: Any, step: int = CACHE_STEP, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step = step
+
+    async def _generate(self, ids: list[int], start: int) -> tuple[TokenLogprobs, int | None] | str:
+        body = score_payload(ids, self.top_logprobs, start)
         sent = await self._send(lambda: self.transport.post_json("/generate", body, at_root=True))  # NaN refused
         if sent.failure is not None:
             return f"{FAILED}: {sent.failure.message}"  # "HTTP 4xx: body", with any key scrubbed before the cut
-        return parse_scores(sent.value, self.top_logprobs, self.base_url)  # type: ignore[arg-type]
+        return parse_scores(sent.value, self.top_logprobs, self.base_url), cached_tokens(sent.value)  # type: ignore[arg-type]
+
+    async def score_ids(self, ids: list[int]) -> TokenLogprobs | str:
+        """Logprobs of every position of `ids` (position 0 None), tokens as ids, in one prefill; or
+        why not (a request that failed for good). A malformed answer is a contract error, as in the base."""
+        got = await self._generate(ids, 0)
+        return got if isinstance(got, str) else got[0]
+
+    async def _score_window(self, prompt: list[int], completion: list[int], a: int, start: int,
+                            end: int) -> TokenLogprobs | str:
+        """prompt + completion[a:end] scored through the cache (module doc): the logprobs of
+        completion[start:end], `step` tokens a request, or why not."""
+        first = len(prompt) + start - a  # the first scored position of the sequence sent
+        if self.step <= 0 or first < 1:
+            return await super()._score_window(prompt, completion, a, start, end)
+        context = prompt + completion[a:end]
+        parts: list[TokenLogprobs] = []
+        for s in range(first, len(context), self.step):
+            e = min(len(context), s + self.step)
+            got = await self._generate(context[:e], s - 1)
+            if isinstance(got, str):
+                return got
+            echo, cached = got
+            if echo.token_ids is None or tuple(echo.token_ids) != tuple(context[s - 1:e]):
+                return "the server echoed other token ids than were sent"
+            if s > first and (cached is None or cached < s - 1):
+                self.cache_missed += e - s  # scored against recomputed K/V: the prefix was not (all) in the cache
+            self.cache_scored += e - s
+            parts.append(TokenLogprobs(tokens=echo.tokens[1:], token_logprobs=echo.token_logprobs[1:],
+                                       top_logprobs=echo.top_logprobs[1:], token_ids=echo.token_ids[1:]))
+        part = concat_parts(parts)
+        if (any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens)
+                or len(part.tokens) != end - start):
+            return "missing logprobs inside the completion"
+        return part

@@ -121,6 +121,9 @@ class TeacherForcer:
         self._rendered: dict[str, asyncio.Task] = {}  # one /tokenize per item, however many passes ask
         self._rng = random.Random(0)
         self.requests = self.retried = self.reconnects = 0  # requests sent, attempts after a failure, reconnects
+        # tokens scored through the KV cache (SGLang's steps, forcing/sglang.py), and those of them whose step
+        # found its prefix recomputed instead of cached; 0 where the engine scores through the cache anyway
+        self.cache_scored = self.cache_missed = 0
         self.salt: str | None = None  # set: every echo carries a cache_salt of its own (`salted`)
         self._salts = itertools.count()
         self._limit: asyncio.Task | None = None  # the server's max_model_len, asked once
@@ -290,7 +293,7 @@ class TeacherForcer:
                 self.max_prompt = refused - 1 if self.max_prompt is None else min(self.max_prompt, refused - 1)
                 continue
             chunks = None if len(plan) == 1 else {"max_prompt": limit, "windows": [list(w) for w in plan]}
-            return out(True, None, _concat(parts), chunks)
+            return out(True, None, concat_parts(parts), chunks)
         return out(False, f"{FAILED}: the server kept refusing windows as too long (last limit {self.max_prompt})")
 
     async def _score_window(self, prompt: list[int], completion: list[int], a: int, start: int,
@@ -312,11 +315,18 @@ class TeacherForcer:
             return "missing logprobs inside the completion"
         return part
 
+    def through_cache_note(self) -> str:
+        """", N tokens scored through the KV cache (M of them against recomputed K/V)", or "" where none were."""
+        if not self.cache_scored:
+            return ""
+        return (f", {self.cache_scored} tokens scored through the KV cache"
+                + (f" ({self.cache_missed} of them found their prefix evicted and recomputed)" if self.cache_missed else ""))
+
     async def aclose(self) -> None:
         await self.transport.aclose()
 
 
-def _concat(parts: list[TokenLogprobs]) -> TokenLogprobs:
+def concat_parts(parts: list[TokenLogprobs]) -> TokenLogprobs:
     """The windows' scored positions as one completion (in order; one window is itself)."""
     if len(parts) == 1:
         return parts[0]

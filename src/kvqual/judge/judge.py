@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from kvqual import __version__
 from kvqual import capacity as kvcap
-from kvqual.forced import forcing_cost, load_forced, refusal, teacher_file, window_limit_of
+from kvqual.forced import forcing_cost, load_forced, refusal, teacher_file, through_cache, window_limit_of
 from kvqual.judge import metrics as mx
 from kvqual.judge import positions as pos
 from kvqual.judge import speed as sp
@@ -182,7 +182,10 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
                 "window_limit": _window_limits(base_dir, bm, cm) if teacher_forcing else None,
                 # what forcing cost on each server, every round together (retries and reconnects are the faults')
                 "cost": ({"baseline": forcing_cost(base_dir, bm.run_id), "candidate": forcing_cost(base_dir, cm.run_id)}
-                         if teacher_forcing else None)},
+                         if teacher_forcing else None),
+                # SGLang: scored through the KV cache, a step of tokens a request; and the tokens whose prefix
+                # was recomputed instead (forcing/sglang.py); None where neither server was scored so
+                "through_cache": _through_cache(base_dir, bm, cm) if teacher_forcing else None},
             "capacity": capacity(bm, cm),
             # prompts a server refused as longer than its context: left out of both arms, neither answer nor failure
             "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
@@ -191,6 +194,11 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             "warnings": list(warnings or []) + ([tf_note] if (refused or blind) and tf_note else []),
             "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
             **({"steady_speed": speed_from.to_json()} if speed_from is not None else {})})
+
+
+def _through_cache(base_dir: Path, bm: RunManifest, cm: RunManifest) -> dict[str, Any] | None:
+    b, c = through_cache(base_dir, bm.run_id), through_cache(base_dir, cm.run_id)
+    return {"baseline": b, "candidate": c} if b or c else None
 
 
 def _window_limits(base_dir: Path, bm: RunManifest, cm: RunManifest) -> dict[str, int | None] | None:
