@@ -237,9 +237,10 @@ def blind_scoring(bm: RunManifest, cm: RunManifest, base: Arm, cand: Arm, cand_s
 
     A candidate configured with another KV dtype whose scores of the baseline's completions are
     bit-identical to the baseline's own on every item (at least MIN_REPRODUCED), while some of its
-    generations differ, scored them without reading K/V back from its cache: SGLang scores a
-    sequence in one prefill, whose attention uses the K/V it has just computed, not what the fp8
-    cache stores (measured: SGLang 0.5.17, fp8_e4m3, H100). Its token criteria would read 0 and
+    generations differ, scored them without reading K/V back from its cache: SGLang scoring a
+    sequence in one prefill (`sglang_score_step = 0`), whose attention uses the K/V it has just
+    computed, not what the fp8 cache stores (measured: SGLang 0.5.17, fp8_e4m3, H100), or in steps
+    on a server that keeps no prefix in its radix cache. Its token criteria would read 0 and
     PASS a cache they never looked at; they are left out instead."""
     b, c = _kv_dtype(bm), _kv_dtype(cm)
     if not (b and c) or b.lower() == c.lower():
@@ -255,7 +256,8 @@ def blind_scoring(bm: RunManifest, cm: RunManifest, base: Arm, cand: Arm, cand_s
     return (f"teacher forcing cannot see {cm.target}'s KV cache: its scores of the baseline's completions are "
             f"bit-identical to the baseline's on all {len(keys)} items though its KV dtype ({c}) is not the "
             f"baseline's ({b}) and {differ} of its {len(pairs)} generations differ; its scoring never read K/V "
-            "back from the cache (SGLang scores a sequence in one prefill), so the token criteria are left out "
+            "back from the cache (SGLang with `sglang_score_step = 0` scores a sequence in one prefill; stepped scoring "
+            "is blind too where the server keeps no prefix in its cache), so the token criteria are left out "
             "(docs/engines.md)")
 
 
