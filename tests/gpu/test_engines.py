@@ -128,6 +128,59 @@ def test_sglang_scores_token_ids_through_generate_and_flushes_its_cache():
     assert asyncio.run(probe.flush_cache(t.base_url, t.api_key())) is True
 
 
+TEXT = ("The committee met on a cold morning in March to review the proposal. After two hours of debate, "
+        "the members agreed that the bridge should be repaired before the summer, and that the cost would be "
+        "shared between the city and the province. The engineer in charge promised a first report by May.")
+
+
+@pytest.mark.skipif(len(AA) != 2 or not FP8, reason="KVQUAL_GPU_AA and KVQUAL_GPU_FP8 name the servers")
+def test_sglang_scoring_in_steps_reads_the_fp8_cache_where_one_prefill_cannot():
+    """SGLang only (forcing/sglang.py): a text scored a token a request through the radix cache lines up
+    with the same text scored in one prefill on the bf16 server (so the positions are right), finds every
+    step's prefix cached, and on the fp8 server differs from bf16 (the scores read the fp8 cache)."""
+    import numpy as np
+
+    from kvqual.forcing.sglang import SglangForcer
+
+    config = _config()
+    if _describe(AA[0])["engine"] != "sglang" or _describe(FP8)["engine"] != "sglang":  # type: ignore[arg-type]
+        pytest.skip("the A/A pair's first and the fp8 server are not SGLang")
+
+    async def scores(name: str, step: int, ids: list[int]) -> tuple[np.ndarray, int, int]:
+        t = config.target(name)
+        forcer = SglangForcer(t.base_url, t.api_key(), t.model or "", 5, 60.0, 4, step=step)
+        try:
+            got = await forcer._score_window(ids[:8], ids[8:], 0, 0, len(ids) - 8)
+        finally:
+            await forcer.aclose()
+        assert not isinstance(got, str), (name, step, got)
+        return np.array(got.token_logprobs, dtype=float), forcer.cache_scored, forcer.cache_missed
+
+    async def tokenize() -> list[int]:
+        from kvqual.transport import Transport
+
+        t = config.target(AA[0])
+        tr = Transport(t.base_url, t.api_key(), timeout=30.0)
+        try:
+            got = await tr.post_json("/tokenize", {"model": t.model or "", "prompt": TEXT}, at_root=True)
+        finally:
+            await tr.aclose()
+        return list(got["tokens"])
+
+    ids = asyncio.run(tokenize())
+    assert len(ids) > 40, ids
+    one_bf16, _, _ = asyncio.run(scores(AA[0], 0, ids))
+    step_bf16, scored, missed = asyncio.run(scores(AA[0], 1, ids))
+    one_fp8, _, _ = asyncio.run(scores(FP8, 0, ids))  # type: ignore[arg-type]
+    step_fp8, scored8, missed8 = asyncio.run(scores(FP8, 1, ids))  # type: ignore[arg-type]
+    print(f"\n{len(ids) - 8} tokens; mean |logprob difference| (nats): bf16 stepped vs one prefill "
+          f"{np.abs(step_bf16 - one_bf16).mean():.2e}; fp8 vs bf16 in one prefill {np.abs(one_fp8 - one_bf16).mean():.2e}, "
+          f"stepped {np.abs(step_fp8 - step_bf16).mean():.2e}; missed bf16 {missed}/{scored}, fp8 {missed8}/{scored8}")
+    assert scored == scored8 == len(ids) - 8 and missed == missed8 == 0
+    assert np.abs(step_bf16 - one_bf16).mean() < 0.05  # one position off would be nats
+    assert np.abs(step_fp8 - step_bf16).max() > 0  # the stepped scores read the fp8 cache
+
+
 @pytest.mark.skipif(len(AA) != 2, reason="KVQUAL_GPU_AA names the A/A pair")
 def test_an_unchanged_config_passes(tmp_path):
     """The gate's first duty on a real GPU: two servers of one config compared PASS (exit 0)."""
