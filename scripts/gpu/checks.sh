@@ -5,6 +5,8 @@
 # usage: bash scripts/gpu/checks.sh "NAME: kvqual args" ["NAME: kvqual args" ...]
 #   e.g. bash scripts/gpu/checks.sh "aa-quick: compare bf16 bf16b --suite profile:quick" "aa-pool: compare bf16 bf16b"
 #   SGLang (up-sgl.sh): KVQUAL_SH=scripts/gpu/kvqual-sgl.sh bash scripts/gpu/checks.sh "sgl-aa: compare sgl_bf16 sgl_bf16b"
+#   CHECK_TIMEOUT=SECONDS interrupts a command that runs longer (SIGINT: kvqual writes what it has and exits 130), so
+#   one slow command leaves the next, and the files, the time of the host call
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 out=${OUT:-/tmp/g/checks}
@@ -14,7 +16,7 @@ for spec in "$@"; do
   args=${spec#*: }
   t0=$(date +%s%N)
   # shellcheck disable=SC2086  # args: a list of arguments
-  OUT='' CI=true bash "${KVQUAL_SH:-scripts/gpu/kvqual.sh}" $args > "/tmp/g/$name.txt" 2>&1
+  OUT='' CI=true timeout -s INT "${CHECK_TIMEOUT:-0}" bash "${KVQUAL_SH:-scripts/gpu/kvqual.sh}" $args > "/tmp/g/$name.txt" 2>&1
   rc=$?
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   { echo "=== $name: kvqual $args"; echo "exit $rc, wall $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
