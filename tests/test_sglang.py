@@ -441,3 +441,39 @@ def test_a_compare_on_sglang_measures_a_drifting_cache_through_it_and_is_blind_i
     assert kl["estimate"] is not None and kl["estimate"] > 0.001
     assert blind["teacher_forcing"]["blind"] is not None and blind["teacher_forcing"]["through_cache"] is None
     assert next(c for c in blind["verdict"]["criteria"] if c["name"] == "kl_excess")["status"] == "inconclusive"
+
+
+def test_scores_taken_another_way_are_dropped_before_a_round_adds_to_them(tmp_path):
+    """A compare resumed with another `sglang_score_step` (or first run by a kvqual that scored SGLang in
+    one prefill) scores its completions again rather than mix scores that read the cache with ones that
+    did not; scores taken the same way are kept."""
+    import json
+
+    from kvqual.forced import teacher_file, window_file
+    from kvqual.forcing.rounds import _rescore
+
+    first, again = teacher_file(tmp_path, "r"), teacher_file(tmp_path, "r", True)
+    first.write_text("{}\n")
+    again.write_text("{}\n")
+    assert _rescore(tmp_path, "r", 0, "cand") is False and first.exists()  # one prefill then and now
+    assert _rescore(tmp_path, "r", 1, "cand") is True  # one prefill then (nothing recorded), steps now
+    assert not first.exists() and not again.exists()
+    first.write_text("{}\n")
+    window_file(tmp_path, "r").write_text(json.dumps({"through_cache": {"step": 1, "scored": 9, "missed": 0}}))
+    assert _rescore(tmp_path, "r", 1, "cand") is False and first.exists()
+    assert _rescore(tmp_path, "r", 4, "cand") is True and not first.exists()
+    assert _rescore(tmp_path, "r", 4, "cand") is False  # nothing stored: nothing to drop
+
+
+def test_a_candidate_whose_steps_find_no_cache_is_warned_about_and_its_blind_scores_left_out(tmp_path):
+    """An fp8 candidate that keeps nothing in its radix cache (`--disable-radix-cache`): every step is
+    scored against recomputed K/V, counted as missed; the report warns with the share, and the scores,
+    bit-identical to the baseline's, are left out as blind rather than passed."""
+    report = _compare_sglang(tmp_path, ["--cache-noise", "0.4", "--disable-radix-cache"])
+    cache = report["teacher_forcing"]["through_cache"]["candidate"]
+    # every step but each sequence's first (which asks for no cache): the 40 items and the few own outputs the
+    # echo check scores first
+    assert cache["scored"] >= 80 and 40 <= cache["scored"] - cache["missed"] <= 50
+    warning = next(w for w in report["warnings"] if "found their prefix evicted" in w)
+    assert f"{cache['missed']:,} of {cache['scored']:,} tokens" in warning and "fp8_e4m3" in warning
+    assert report["teacher_forcing"]["blind"] is not None

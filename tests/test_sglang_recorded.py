@@ -87,3 +87,36 @@ def test_the_fake_answers_in_the_engines_shapes(fake: FakeSglang) -> None:
     assert real["meta_info"]["finish_reason"] == {"type": "length", "length": 0} == got["meta_info"]["finish_reason"]
     tok = fake.post("/tokenize", {"model": "m", "prompt": "The capital of France is"})
     assert {"tokens", "count", "max_model_len"} <= _keys(tok) and _keys(rec("tokenize_prompt")["body"]) == _keys(tok)
+
+
+def test_scoring_steps_start_at_logprob_start_len_and_the_next_finds_the_first_cached() -> None:
+    """Scoring through the cache (forcing/sglang.py): after a flush, ids[:12] scored from 10, then ids[:13]
+    from 11. Each answer starts at logprob_start_len with a None entry; the second matched 11 tokens of
+    prefix, the first's ids (all but its own last, which the cap at logprob_start_len keeps out)."""
+    from kvqual.forcing.sglang import cached_tokens
+
+    got = []
+    for name in ("generate_step_first", "generate_step_next"):
+        r = rec(name)
+        body = r["request"]["body"]
+        start = body["logprob_start_len"]
+        assert body == score_payload(body["input_ids"], 5, start)  # the request kvqual sends
+        lp = parse_scores(r["body"], 5, "sglang")
+        assert lp.token_ids == tuple(body["input_ids"][start:]) and lp.token_logprobs[0] is None
+        assert isinstance(lp.token_logprobs[1], float) and len(lp.top_logprobs[1]) == 5
+        got.append((start, cached_tokens(r["body"])))
+    assert got == [(10, 0), (11, 11)]
+
+
+def test_the_fake_keeps_and_reports_the_cache_as_the_engine_does(fake: FakeSglang) -> None:
+    import httpx
+
+    ids = list(range(1, 14))
+    httpx.post(f"{fake.root}/flush_cache", timeout=10).raise_for_status()
+    first = fake.post("/generate", score_payload(ids[:12], 5, 10))
+    again = fake.post("/generate", score_payload(ids[:13], 5, 11))
+    real = rec("generate_step_next")["body"]["meta_info"]
+    assert "cached_tokens" in real and "cached_tokens" in again["meta_info"]
+    assert (first["meta_info"]["cached_tokens"], again["meta_info"]["cached_tokens"]) == (0, 11)
+    assert [e[1] for e in again["meta_info"]["input_token_logprobs"]] == ids[11:13]
+    assert again["meta_info"]["input_token_logprobs"][0][0] is None

@@ -30,6 +30,22 @@ def make_forcer(info: dict, base_url: str, api_key: str, model: str, top_k: int,
     return TeacherForcer(base_url, api_key, model, top_k, run.timeout, run.concurrency, run.retries)
 
 
+def _rescore(base_dir: Path, run_id: str, step: int, name: str) -> bool:
+    """Drop this server's stored scores of an earlier round when they were taken another way than `step`
+    says (an SGLang server scored in one prefill, as kvqual did before it scored through the cache, or with
+    another `sglang_score_step`): one comparison never mixes scores that read the cache with scores that
+    did not. True when dropped."""
+    stored = through_cache(base_dir, run_id)
+    was = stored["step"] if stored else 0
+    files = [f for f in (teacher_file(base_dir, run_id), teacher_file(base_dir, run_id, True)) if f.exists()]
+    if was == step or not files:
+        return False
+    for f in files:
+        f.unlink()
+    say(f"{name}: its stored teacher-forced scores were taken with sglang_score_step {was}; scoring again with {step}")
+    return True
+
+
 async def common_window_limit(*targets: Target) -> int | None:
     """The smallest prompt limit any of these scoring servers reports (`/v1/models` max_model_len,
     less echo's one token); None when none reports one. Given to every forcer of a comparison
@@ -65,6 +81,8 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                          top_k or max(run.top_logprobs, 5), run).limit_to(limit)
     before = forcing_cost(base_dir, manifest.run_id) or dict.fromkeys(COST_KEYS, 0)  # earlier rounds' cost
     cached_before = through_cache(base_dir, manifest.run_id) or dict.fromkeys(CACHE_KEYS, 0)
+    if _rescore(base_dir, manifest.run_id, forcer.step if isinstance(forcer, SglangForcer) else 0, target.name):
+        cached_before = dict.fromkeys(CACHE_KEYS, 0)
 
     def record(cost: dict[str, int]) -> None:
         cached = ({"step": forcer.step, **{k: cached_before[k] + v for k, v in

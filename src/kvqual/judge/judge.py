@@ -191,7 +191,8 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
                               "ids": [f"{suite}/{i}" for suite, i in sorted(unfit)[:20]]} if unfit else None),
             "allow_mismatch": allow_mismatch,
-            "warnings": list(warnings or []) + ([tf_note] if (refused or blind) and tf_note else []),
+            "warnings": (list(warnings or []) + ([tf_note] if (refused or blind) and tf_note else [])
+                         + ([evicted] if (evicted := evicted_scoring(base_dir, bm, cm)) and teacher_forcing else [])),
             "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
             **({"steady_speed": speed_from.to_json()} if speed_from is not None else {})})
 
@@ -230,6 +231,28 @@ def saved_plan(out_dir: Path, policy: GatePolicy) -> LookPlan | None:
 
 def _kv_dtype(m: RunManifest) -> str | None:
     return (m.kv_cache_dtype or m.server_info.get("kv_cache_dtype") or None)
+
+
+MISSED_WARN = 0.01  # share of a candidate's tokens scored off the cache above which the report says so
+
+
+def evicted_scoring(base_dir: Path, bm: RunManifest, cm: RunManifest) -> str | None:
+    """Why part of a candidate's through-the-cache scores (SGLang, forcing/sglang.py) did not read its
+    cache, or None: a step whose prefix was evicted was scored against recomputed K/V, which never
+    reads a KV dtype, so where the candidate's dtype differs the token criteria understate its effect
+    on that share of the tokens (measured: 10-14% of a bf16 server's steps at look 3 with 32,000
+    tokens of KV and 32 items at once; docs/gpu.md)."""
+    b, c = _kv_dtype(bm), _kv_dtype(cm)
+    got = through_cache(base_dir, cm.run_id)
+    if not (b and c) or b.lower() == c.lower() or not got or not got["scored"]:
+        return None
+    share = got["missed"] / got["scored"]
+    if share < MISSED_WARN:
+        return None
+    return (f"teacher forcing on {cm.target}: {got['missed']:,} of {got['scored']:,} tokens ({share:.1%}) found their "
+            f"prefix evicted from the radix cache and were scored against recomputed K/V, which never reads the "
+            f"{c} cache: the token criteria understate its effect on that share (more KV memory for the server, or "
+            "a lower [run] concurrency, keeps the prefixes cached; docs/engines.md)")
 
 
 def blind_scoring(bm: RunManifest, cm: RunManifest, base: Arm, cand: Arm, cand_s: Mapping) -> str | None:
