@@ -453,16 +453,17 @@ def test_scores_taken_another_way_are_dropped_before_a_round_adds_to_them(tmp_pa
     from kvqual.forcing.rounds import _rescore
 
     first, again = teacher_file(tmp_path, "r"), teacher_file(tmp_path, "r", True)
+    zero = {"scored": 0, "missed": 0}
     first.write_text("{}\n")
     again.write_text("{}\n")
-    assert _rescore(tmp_path, "r", 0, "cand") is False and first.exists()  # one prefill then and now
-    assert _rescore(tmp_path, "r", 1, "cand") is True  # one prefill then (nothing recorded), steps now
+    assert _rescore(tmp_path, "r", 0, "cand") == zero and first.exists()  # one prefill then and now: kept
+    assert _rescore(tmp_path, "r", 1, "cand") == zero  # one prefill then (nothing recorded), steps now: dropped
     assert not first.exists() and not again.exists()
     first.write_text("{}\n")
-    window_file(tmp_path, "r").write_text(json.dumps({"through_cache": {"step": 1, "scored": 9, "missed": 0}}))
-    assert _rescore(tmp_path, "r", 1, "cand") is False and first.exists()
-    assert _rescore(tmp_path, "r", 4, "cand") is True and not first.exists()
-    assert _rescore(tmp_path, "r", 4, "cand") is False  # nothing stored: nothing to drop
+    window_file(tmp_path, "r").write_text(json.dumps({"through_cache": {"step": 1, "scored": 9, "missed": 2}}))
+    assert _rescore(tmp_path, "r", 1, "cand") == {"scored": 9, "missed": 2} and first.exists()  # same step: kept
+    assert _rescore(tmp_path, "r", 4, "cand") == zero and not first.exists()  # another step: dropped, counts too
+    assert _rescore(tmp_path, "r", 4, "cand") == zero  # nothing stored: nothing to drop
 
 
 def test_a_candidate_whose_steps_find_no_cache_is_warned_about_and_its_blind_scores_left_out(tmp_path):

@@ -30,20 +30,21 @@ def make_forcer(info: dict, base_url: str, api_key: str, model: str, top_k: int,
     return TeacherForcer(base_url, api_key, model, top_k, run.timeout, run.concurrency, run.retries)
 
 
-def _rescore(base_dir: Path, run_id: str, step: int, name: str) -> bool:
+def _rescore(base_dir: Path, run_id: str, step: int, name: str) -> dict[str, int]:
     """Drop this server's stored scores of an earlier round when they were taken another way than `step`
     says (an SGLang server scored in one prefill, as kvqual did before it scored through the cache, or with
     another `sglang_score_step`): one comparison never mixes scores that read the cache with scores that
-    did not. True when dropped."""
+    did not. The earlier rounds' through-the-cache counts that stand (none where the step changed)."""
     stored = through_cache(base_dir, run_id)
     was = stored["step"] if stored else 0
+    if was == step:
+        return {k: stored[k] for k in CACHE_KEYS} if stored else dict.fromkeys(CACHE_KEYS, 0)
     files = [f for f in (teacher_file(base_dir, run_id), teacher_file(base_dir, run_id, True)) if f.exists()]
-    if was == step or not files:
-        return False
     for f in files:
         f.unlink()
-    say(f"{name}: its stored teacher-forced scores were taken with sglang_score_step {was}; scoring again with {step}")
-    return True
+    if files:
+        say(f"{name}: its stored teacher-forced scores were taken with sglang_score_step {was}; scoring again with {step}")
+    return dict.fromkeys(CACHE_KEYS, 0)
 
 
 async def common_window_limit(*targets: Target) -> int | None:
@@ -80,17 +81,14 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     forcer = make_forcer(manifest.server_info, target.base_url, target.api_key(), manifest.model or "",
                          top_k or max(run.top_logprobs, 5), run).limit_to(limit)
     before = forcing_cost(base_dir, manifest.run_id) or dict.fromkeys(COST_KEYS, 0)  # earlier rounds' cost
-    cached_before = through_cache(base_dir, manifest.run_id) or dict.fromkeys(CACHE_KEYS, 0)
-    if _rescore(base_dir, manifest.run_id, forcer.step if isinstance(forcer, SglangForcer) else 0, target.name):
-        cached_before = dict.fromkeys(CACHE_KEYS, 0)
+    cached_before = _rescore(base_dir, manifest.run_id, forcer.step, target.name)  # earlier rounds' cache counts
 
     def record(cost: dict[str, int]) -> None:
-        cached = ({"step": forcer.step, **{k: cached_before[k] + v for k, v in
-                                             (("scored", forcer.cache_scored), ("missed", forcer.cache_missed))}}
-                  if isinstance(forcer, SglangForcer) and forcer.step > 0 else None)
+        cached = {"step": forcer.step, "scored": cached_before["scored"] + forcer.cache_scored,
+                  "missed": cached_before["missed"] + forcer.cache_missed}
         write_json_atomic(window_file(base_dir, manifest.run_id), {"target": target.name, "run_id": manifest.run_id,
                                                                    "max_prompt": limit, "cost": cost,
-                                                                   **({"through_cache": cached} if cached else {})})
+                                                                   **({"through_cache": cached} if forcer.step else {})})
 
     record(before)
     probe = any(item.meta and "cache_wave" in item.meta for item in items.values())

@@ -57,7 +57,7 @@ from typing import Any, Mapping
 from kvqual.client import TOKEN_ID_PREFIX
 from kvqual.errors import ServerContractError
 from kvqual.forced import FAILED
-from kvqual.forcing.teacher import TeacherForcer, concat_parts
+from kvqual.forcing.teacher import TeacherForcer, concat_parts, whole_part
 from kvqual.records import TokenLogprobs
 
 
@@ -164,8 +164,4 @@ class SglangForcer(TeacherForcer):
             self.cache_scored += e - s
             parts.append(TokenLogprobs(tokens=echo.tokens[1:], token_logprobs=echo.token_logprobs[1:],
                                        top_logprobs=echo.top_logprobs[1:], token_ids=echo.token_ids[1:]))
-        part = concat_parts(parts)
-        if (any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens)
-                or len(part.tokens) != end - start):
-            return "missing logprobs inside the completion"
-        return part
+        return whole_part(concat_parts(parts), end - start)

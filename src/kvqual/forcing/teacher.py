@@ -124,6 +124,7 @@ class TeacherForcer:
         # tokens scored through the KV cache (SGLang's steps, forcing/sglang.py), and those of them whose step
         # found its prefix recomputed instead of cached; 0 where the engine scores through the cache anyway
         self.cache_scored = self.cache_missed = 0
+        self.step = 0  # tokens scored a request through the cache (SglangForcer); 0: a sequence in one request
         self.salt: str | None = None  # set: every echo carries a cache_salt of its own (`salted`)
         self._salts = itertools.count()
         self._limit: asyncio.Task | None = None  # the server's max_model_len, asked once
@@ -310,10 +311,7 @@ class TeacherForcer:
         n, m = len(prompt) + start - a, len(sent)
         part = TokenLogprobs(tokens=echo.tokens[n:m], token_logprobs=echo.token_logprobs[n:m],
                              top_logprobs=echo.top_logprobs[n:m], token_ids=echo.token_ids[n:m])
-        if (any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens)
-                or len(part.tokens) != end - start):
-            return "missing logprobs inside the completion"
-        return part
+        return whole_part(part, end - start)
 
     def through_cache_note(self) -> str:
         """", N tokens scored through the KV cache (M of them against recomputed K/V)", or "" where none were."""
@@ -324,6 +322,14 @@ class TeacherForcer:
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+
+
+def whole_part(part: TokenLogprobs, want: int) -> TokenLogprobs | str:
+    """A window's scored positions, or why not: every one of the `want` positions has a logprob and its top."""
+    if (any(lp is None for lp in part.token_logprobs) or len(part.top_logprobs) != len(part.tokens)
+            or len(part.tokens) != want):
+        return "missing logprobs inside the completion"
+    return part
 
 
 def concat_parts(parts: list[TokenLogprobs]) -> TokenLogprobs:

@@ -109,6 +109,9 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     blind = blind_scoring(bm, cm, arm_b, arm_c, cand_s) if teacher_forcing and forced_c and not refused else None
     if blind:
         tf_note = blind
+    # SGLang: scored through the KV cache, a step of tokens a request; and the tokens whose prefix was
+    # recomputed instead (forcing/sglang.py); None where neither server was scored so
+    cache = _through_cache(base_dir, bm, cm) if teacher_forcing else None
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
     diversity = mx.diversities(arm_b, arm_c, arm_a)
     built = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops, diversity)
@@ -183,16 +186,14 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
                 # what forcing cost on each server, every round together (retries and reconnects are the faults')
                 "cost": ({"baseline": forcing_cost(base_dir, bm.run_id), "candidate": forcing_cost(base_dir, cm.run_id)}
                          if teacher_forcing else None),
-                # SGLang: scored through the KV cache, a step of tokens a request; and the tokens whose prefix
-                # was recomputed instead (forcing/sglang.py); None where neither server was scored so
-                "through_cache": _through_cache(base_dir, bm, cm) if teacher_forcing else None},
+                "through_cache": cache},
             "capacity": capacity(bm, cm),
             # prompts a server refused as longer than its context: left out of both arms, neither answer nor failure
             "does_not_fit": ({"items": len(unfit), "limit": min((v for v in unfit.values() if v), default=None),
                               "ids": [f"{suite}/{i}" for suite, i in sorted(unfit)[:20]]} if unfit else None),
             "allow_mismatch": allow_mismatch,
             "warnings": (list(warnings or []) + ([tf_note] if (refused or blind) and tf_note else [])
-                         + ([evicted] if (evicted := evicted_scoring(base_dir, bm, cm)) and teacher_forcing else [])),
+                         + ([evicted] if (evicted := evicted_scoring(bm, cm, cache)) else [])),
             "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
             **({"steady_speed": speed_from.to_json()} if speed_from is not None else {})})
 
@@ -236,14 +237,14 @@ def _kv_dtype(m: RunManifest) -> str | None:
 MISSED_WARN = 0.01  # share of a candidate's tokens scored off the cache above which the report says so
 
 
-def evicted_scoring(base_dir: Path, bm: RunManifest, cm: RunManifest) -> str | None:
+def evicted_scoring(bm: RunManifest, cm: RunManifest, cache: Mapping[str, Any] | None) -> str | None:
     """Why part of a candidate's through-the-cache scores (SGLang, forcing/sglang.py) did not read its
     cache, or None: a step whose prefix was evicted was scored against recomputed K/V, which never
     reads a KV dtype, so where the candidate's dtype differs the token criteria understate its effect
     on that share of the tokens (measured: 10-14% of a bf16 server's steps at look 3 with 32,000
     tokens of KV and 32 items at once; docs/gpu.md)."""
     b, c = _kv_dtype(bm), _kv_dtype(cm)
-    got = through_cache(base_dir, cm.run_id)
+    got = cache["candidate"] if cache else None  # report.json's teacher_forcing.through_cache
     if not (b and c) or b.lower() == c.lower() or not got or not got["scored"]:
         return None
     share = got["missed"] / got["scored"]
