@@ -22,4 +22,6 @@ for spec in "$@"; do
   { echo "=== $name: kvqual $args"; echo "exit $rc, wall $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
     grep -v '^[[:space:]]*$' "/tmp/g/$name.txt" | tail -45; echo; } | tee -a "$out/checks.txt"
 done
-tar czf "$out/reports.tgz" results/compare-*/report.json results/compare-*/report.md 2> /dev/null || true
+# every compare's report, also those a command's --out put deeper (results/compare-NAME/compare-A-vs-B/)
+find results -path '*compare-*' \( -name report.json -o -name report.md \) -print0 2> /dev/null \
+  | tar czf "$out/reports.tgz" --null -T - 2> /dev/null || true

@@ -61,6 +61,16 @@ class CompareState:
     report: Judgement | None = None
 
 
+def next_round_minutes(minutes: float, items: int, last_minutes: float, last_items: int, new_items: int) -> float:
+    """The server minutes a round of `new_items` will take, from the `minutes` the rounds so far took for
+    their `items` and the `last_minutes` the last round took for its `last_items`: at the slower of the
+    two rates. The last round alone prices a resumed compare, whose earlier rounds were read from disk in
+    no time (at their rate the next round would look free); all rounds price a fresh one, whose first
+    round carries the A/A floor's second pass."""
+    rate = max(minutes / items, last_minutes / last_items if last_items > 0 else 0.0)
+    return rate * new_items
+
+
 def serve_together(config: Config, base: Target, cand: Target) -> bool:
     """Both servers up at once: the built-in targets (small, CPU) or targets kvqual does not start."""
     if config.run.serve_together is not None:
@@ -106,6 +116,7 @@ class Compare:
         self.state = CompareState()
         self.started = time.monotonic()
         self.rounds_started: float | None = None  # when the first round began (server starts are not server time)
+        self.round_began: float | None = None  # when the latest round began
         self.next_look: dict[str, Any] | None = None  # the look a budget stopped before: its items and cost
         self.together = True
         self.tokens_spent = 0
@@ -266,16 +277,18 @@ class Compare:
     def budget_left(self, k: int, arms_done: int = 2) -> str | None:
         """Why no further round may start after round k (None: it may). A budget only cuts a compare
         short: the next round is priced at the rate the rounds so far ran at (server time per item, both
-        arms: `arms_done` of the two ran so far, as when the baseline's rounds run first), and it starts
-        only if it would end within `max_minutes`; the price of the look not taken goes in the report
-        (`self.next_look`)."""
+        arms: `arms_done` of the two ran so far, as when the baseline's rounds run first; the slower of all
+        rounds' rate and the last round's: `next_round_minutes`), and it starts only if it would end within
+        `max_minutes`; the price of the look not taken goes in the report (`self.next_look`)."""
         run = self.run
         if k + 1 >= len(self.sizes):
             return None
         both = 2 / arms_done
-        minutes = (time.monotonic() - (self.rounds_started or self.started)) / 60 * both
+        now = time.monotonic()
+        minutes = (now - (self.rounds_started or self.started)) / 60 * both
         new_items = self.sizes[k + 1] - self.sizes[k]
-        more = minutes / self.sizes[k] * new_items
+        more = next_round_minutes(minutes, self.sizes[k], (now - (self.round_began or self.started)) / 60 * both,
+                                  self.sizes[k] - (self.sizes[k - 1] if k else 0), new_items)
         why = None
         if run.max_minutes and minutes + more > run.max_minutes:
             why = (f"max_minutes {run.max_minutes:g}: the next look ({self.sizes[k + 1]} items) would take "
@@ -322,7 +335,8 @@ class Compare:
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k))
                         show.start_round(k)
-                        self.rounds_started = self.rounds_started or time.monotonic()
+                        self.round_began = time.monotonic()
+                        self.rounds_started = self.rounds_started or self.round_began
                         await self.base_round(b, k)
                         await self.cand_round(c, k)
                         if self._decided_at(k):
@@ -334,7 +348,8 @@ class Compare:
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k, "baseline"))
                         show.start_round(k)
-                        self.rounds_started = self.rounds_started or time.monotonic()
+                        self.round_began = time.monotonic()
+                        self.rounds_started = self.rounds_started or self.round_began
                         await self.base_round(b, k)
                         self.base_rounds, self.base_stop = k + 1, self.budget_left(k, arms_done=1)
                         if self.base_stop:
