@@ -206,6 +206,24 @@ def test_two_targets_give_the_capacity_ratio_and_the_concurrency_each_sustained(
     assert "cand/base steady output tok/s" in capsys.readouterr().out
 
 
+def test_a_server_that_reports_auto_is_sized_by_the_configured_kv_dtype_as_compare_does(tmp_path, fake_server, capsys):
+    """vLLM reports a bf16 KV cache as "auto" (the model's dtype, which it does not name). On an H100
+    (2026-12-07) `kvqual load bf16 fp8` printed "×2; the KV dtypes' sizes are unknown" where `compare`
+    of the same servers split it: load now sizes a token by the configured KV dtype first, as the judge."""
+    base = _fake(fake_server, 4, "--kv-capacity-tokens", "120", "--kv-cache-dtype", "auto")
+    cand = _fake(fake_server, 8, "--kv-capacity-tokens", "240", "--kv-cache-dtype", "fp8")
+    (tmp_path / "kvqual.toml").write_text(f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "bf16"\n'
+                                          f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8"\n')
+    _suite(tmp_path)
+    code, doc = _load(tmp_path, "base", "cand", "--duration", "4")
+    assert code == 0, capsys.readouterr().err
+    b, c = doc["arms"]
+    assert b["kv_cache_dtype"] == {"expected": "bf16", "reported": "auto"} and b["kv_size_dtype"] == "bf16"
+    cap = doc["ratio"]["capacity"]
+    assert cap["dtype_share"] == 2 and cap["memory_share"] == 1 and cap["same_budget"] is True
+    assert "(×2: the KV dtype, bf16 → fp8, 2 → 1 bytes a value)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_failed_requests_are_failures_never_answers_and_too_many_is_exit_4(tmp_path, fake_server, capsys):
     server = fake_server("--token-delay", "0.01", "--answer-tokens", "5")
     write_config(tmp_path / "kvqual.toml", {"a": server.base_url})

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU host: start vLLM on /tmp/g/model, one server per spec "NAME PORT KVDTYPE [more vLLM flags]",
+# On the GPU host: start vLLM on /tmp/g/model, one server per spec "NAME PORT KVDTYPE [VAR=value...] [more vLLM flags]"
+# (VAR=value words: that server's own environment, e.g. VLLM_BATCH_INVARIANT=1),
 # each in its own session (setsid: it outlives the call while the host stays warm); returns at once (wait.sh
 # waits). A server running already (its pid alive, or its port answering) is left alone.
 # Files: /tmp/g/NAME.{log,pid,port,t0}.
@@ -17,6 +18,8 @@ if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; else PY=python3; export PYTHONPATH=$G/
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 for spec in "$@"; do
   read -r name port kv flags <<< "$spec"
+  envs=()
+  while [[ "$flags" =~ ^([A-Z_][A-Z0-9_]*=[^[:space:]]*)[[:space:]]*(.*)$ ]]; do envs+=("${BASH_REMATCH[1]}"); flags=${BASH_REMATCH[2]}; done
   if [ -f "$G/$name.pid" ] && kill -0 "$(cat "$G/$name.pid")" 2> /dev/null; then echo "$name: running already"; continue; fi
   if curl -sf "127.0.0.1:$port/v1/models" > /dev/null; then echo "$name: port $port answers already"; continue; fi
   # each server compiles into caches of its own (two servers compiling the same graph at once share no files)
@@ -24,10 +27,10 @@ for spec in "$@"; do
   else entry=(-m vllm.entrypoints.openai.api_server); fi
   # shellcheck disable=SC2086  # flags: a list of flags
   VLLM_CACHE_ROOT=$G/cache/$name TORCHINDUCTOR_CACHE_DIR=$G/cache/$name/inductor TRITON_CACHE_DIR=$G/cache/$name/triton \
-    setsid "$PY" "${entry[@]}" --model "${MODEL:-$G/model}" --served-model-name smollm2 \
+    setsid env "${envs[@]}" "$PY" "${entry[@]}" --model "${MODEL:-$G/model}" --served-model-name smollm2 \
     --host 127.0.0.1 --port "$port" --dtype bfloat16 --kv-cache-dtype "$kv" --max-model-len "${MAX_LEN:-4096}" \
     --kv-cache-memory-bytes "${KV_BYTES:-737280000}" --gpu-memory-utilization "${GPU_UTIL:-0.25}" \
     $flags ${VLLM_FLAGS:-} > "$G/$name.log" 2>&1 < /dev/null &
   echo $! > "$G/$name.pid"; echo "$port" > "$G/$name.port"; date +%s > "$G/$name.t0"
-  echo "$name: pid $! port $port --kv-cache-dtype $kv $flags"
+  echo "$name: pid $! port $port --kv-cache-dtype $kv $flags${envs[*]:+ (${envs[*]})}"
 done

@@ -113,8 +113,9 @@ def summarize_arm(name: str, info: dict[str, Any], model: str, expected_kv_dtype
         "engine": info.get("engine"), "kv_cache_dtype": {"expected": expected_kv_dtype,
                                                          "reported": info.get("kv_cache_dtype")},
         "kv_capacity_tokens": info.get("kv_capacity_tokens"),
-        # what a token is sized by (the model dtype for "auto" where reported) and the KV memory, if reported
-        "kv_size_dtype": kvcap.kv_dtype(info.get("kv_cache_dtype") or expected_kv_dtype, info),
+        # what a token is sized by, as the judge sizes it: the configured KV dtype, else the reported one (the
+        # model dtype for "auto" where the server names it: vLLM does not), and the KV memory, if reported
+        "kv_size_dtype": kvcap.kv_dtype(expected_kv_dtype, info),
         "kv_memory_gib": kvcap.kv_memory_gib(info),
         "concurrency": concurrency, "concurrency_source": concurrency_source,
         "requests": {"sent": len(requests), "answered": len(ok), "failed": failed,
