@@ -128,7 +128,8 @@ class RunDefaults:
     serve_together: bool | None = None  # compare: both servers up at once (None: when kvqual launches none, or built-in)
     speed_from: str | None = None  # compare: a `kvqual load` load.json (or its folder) the speedup criterion reads
     # SGLang: teacher forcing scores a completion through the KV cache, this many tokens a request (0: in one
-    # prefill, which never reads the cache: blind to its dtype; forcing/sglang.py, docs/gpu.md)
+    # prefill, which never reads the cache: blind to its dtype; > 1: cheaper, but the tokens after a step's first
+    # also read K/V just computed, so the drift is understated and the report says so; forcing/sglang.py, docs/gpu.md)
     sglang_score_step: int = 1
 
 
