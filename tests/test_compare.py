@@ -395,7 +395,7 @@ def test_a_resumed_compare_prices_its_next_round_at_the_last_round_rate_not_at_t
     """Measured on an H100 (2026-12-07): a compare resumed with `--max-minutes 2` read looks 1-2 from disk in
     no time, ran look 3, and priced look 4 at the rate of all three, so it started a round it could not
     finish in the budget. The next round is priced at the slower of all rounds' rate and the last one's."""
-    from kvqual.compare.flow import next_round_minutes
+    from kvqual.plan import next_round_minutes
 
     # resumed: 511 items "done" in 0.9 minutes, all of them spent on the last round's 259 items
     assert next_round_minutes(0.9, 511, 0.9, 259, 527) == pytest.approx(0.9 / 259 * 527)  # 1.83, not 0.93

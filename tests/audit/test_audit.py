@@ -76,6 +76,21 @@ def test_outputs_the_reference_would_give_pass_and_a_clean_sample_stops_at_the_f
     assert list((tmp_path / "results").glob("audit-*/report.md"))
 
 
+def test_a_budget_stops_an_undecided_audit_before_a_look_it_cannot_afford(tmp_path, fake_server):
+    """`--max-minutes`: after an undecided first look the next is priced (plan.next_round_minutes) and, past
+    the budget, not taken; the report names the budget. Without one the same audit goes on to the next look."""
+    setup(tmp_path, fake_server)
+    outputs(tmp_path / "out.jsonl", 300, completion=lambda i: f" {i} {i}" if i % 8 == 0 else f" {i}")
+    r = kvqual(tmp_path, "audit", "out.jsonl", "--against", "ref", "--max-minutes", "0.001")
+    assert r.returncode == 3, r.stdout + r.stderr
+    rep = report_of(tmp_path)
+    assert rep["sequential"]["sizes"] == [124], rep["sequential"]
+    assert "stopped before look 2 (300 outputs)" in rep["sequential"]["stop"] and "--max-minutes" in rep["sequential"]["stop"]
+    r = kvqual(tmp_path, "audit", "out.jsonl", "--against", "ref", "--max-minutes", "0")
+    assert r.returncode in (0, 1, 3), r.stdout + r.stderr
+    assert report_of(tmp_path)["sequential"]["sizes"] == [124, 300]
+
+
 def test_outputs_three_times_longer_fail_on_length(tmp_path, fake_server):
     setup(tmp_path, fake_server)
     outputs(tmp_path / "out.jsonl", 130, completion=lambda i: f" {i} {i} {i}")

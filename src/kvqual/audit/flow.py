@@ -34,7 +34,7 @@ from kvqual.gate import Verdict, look_sizes
 from kvqual.judge.arms import Forcing, floor_reproduced, forcing_of
 from kvqual.judge.audit import judge_audit
 from kvqual.news import say
-from kvqual.plan import item_order
+from kvqual.plan import item_order, next_round_minutes
 from kvqual.probe import describe
 from kvqual.records import Item, RunManifest, Sample, SuiteRef, TokenLogprobs, dumps_line
 from kvqual.runner import run_target
@@ -146,15 +146,20 @@ class Audit:
         self.out.mkdir(parents=True, exist_ok=True)
         limit = await forcing.common_window_limit(ref, cand) if cand is not None else None
         cand_info = await describe(cand.base_url, cand.api_key(), timeout=30.0) if cand is not None else {}
-        started, spent = time.monotonic(), 0.0
+        started, spent, last = time.monotonic(), 0.0, 0.0
         verdict, figures, stop, floor_m = None, {}, "", None
         budget = (self.run.max_minutes or 0) * 60
         for k, n in enumerate(self.sizes):
-            if k and budget and spent / self.sizes[k - 1] * n > budget:
+            # the look priced at the slower of all looks' rate and the last look's (a resumed audit's earlier looks
+            # are read from disk in no time: plan.next_round_minutes)
+            done = self.sizes[k - 1] if k else 0
+            total = spent + next_round_minutes(spent, done, last, done - (self.sizes[k - 2] if k > 1 else 0),
+                                               n - done) if k else 0.0
+            if k and budget and total > budget:
                 stop = (f"stopped before look {k + 1} ({n} outputs): at this rate it would take "
-                        f"~{spent / self.sizes[k - 1] * n / 60:.1f} min of the {budget / 60:g}-minute budget "
-                        "(--max-minutes)")
+                        f"~{total / 60:.1f} min of the {budget / 60:g}-minute budget (--max-minutes)")
                 break
+            look_began = time.monotonic()
             keys = self.order[:n]
             say(f"audit look {k + 1}/{len(self.sizes)}: {n} outputs")
             # the floor's own generation logprobs serve only the echo check (which reads the chosen token's)
@@ -179,7 +184,7 @@ class Audit:
                 raise group.exceptions[0] from None
             finally:
                 await ref_forcer.aclose()
-            spent = time.monotonic() - started
+            spent, last = time.monotonic() - started, time.monotonic() - look_began
             verdict, figures = self._judge(floor_m, floor_dir, k + 1)
             if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
                 stop = f"decided at look {k + 1} of {len(self.sizes)} ({n} outputs)"

@@ -33,7 +33,7 @@ from kvqual.judge.judge import judge
 from kvqual.judge.record import Judgement, LookPlan
 from kvqual.judge.arms import MIN_REPRODUCED, floor_reproduced, forcing_of
 from kvqual.news import say
-from kvqual.plan import item_order, plan_units
+from kvqual.plan import item_order, next_round_minutes, plan_units
 from kvqual.records import RunManifest
 from kvqual.runner import progress_mode, run_target
 from kvqual.store import load_samples
@@ -59,16 +59,6 @@ class CompareState:
     looks_taken: int = 0
     stop: str | None = None
     report: Judgement | None = None
-
-
-def next_round_minutes(minutes: float, items: int, last_minutes: float, last_items: int, new_items: int) -> float:
-    """The server minutes a round of `new_items` will take, from the `minutes` the rounds so far took for
-    their `items` and the `last_minutes` the last round took for its `last_items`: at the slower of the
-    two rates. The last round alone prices a resumed compare, whose earlier rounds were read from disk in
-    no time (at their rate the next round would look free); all rounds price a fresh one, whose first
-    round carries the A/A floor's second pass."""
-    rate = max(minutes / items, last_minutes / last_items if last_items > 0 else 0.0)
-    return rate * new_items
 
 
 def serve_together(config: Config, base: Target, cand: Target) -> bool:
