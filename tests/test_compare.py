@@ -395,14 +395,14 @@ def test_a_resumed_compare_prices_its_next_round_at_the_last_round_rate_not_at_t
     """Measured on an H100 (2026-12-07): a compare resumed with `--max-minutes 2` read looks 1-2 from disk in
     no time, ran look 3, and priced look 4 at the rate of all three, so it started a round it could not
     finish in the budget. The next round is priced at the slower of all rounds' rate and the last one's."""
-    from kvqual.plan import next_round_minutes
+    from kvqual.plan import next_round_time
 
     # resumed: 511 items "done" in 0.9 minutes, all of them spent on the last round's 259 items
-    assert next_round_minutes(0.9, 511, 0.9, 259, 527) == pytest.approx(0.9 / 259 * 527)  # 1.83, not 0.93
+    assert next_round_time(0.9, 511, 0.9, 259, 527) == pytest.approx(0.9 / 259 * 527)  # 1.83, not 0.93
     # fresh: the first round (with the A/A floor's second pass) was the slow one; all rounds price it
-    assert next_round_minutes(2.0, 252, 0.8, 128, 259) == pytest.approx(2.0 / 252 * 259)
-    assert next_round_minutes(1.0, 124, 1.0, 124, 128) == pytest.approx(1.0 / 124 * 128)  # after the first round
-    assert next_round_minutes(0.0, 124, 0.0, 124, 128) == 0.0  # all from disk: nothing known to price
+    assert next_round_time(2.0, 252, 0.8, 128, 259) == pytest.approx(2.0 / 252 * 259)
+    assert next_round_time(1.0, 124, 1.0, 124, 128) == pytest.approx(1.0 / 124 * 128)  # after the first round
+    assert next_round_time(0.0, 124, 0.0, 124, 128) == 0.0  # all from disk: nothing known to price
 
 
 def test_credentials_in_a_base_url_never_reach_the_disk(tmp_path, fake_server):

@@ -2,7 +2,7 @@
 (`item_rank`: a hash per item, so any subset keeps its order and the judge can replay a sequential
 compare's looks from the samples alone), the (item, repeat) units of a run, its cache waves,
 the `RunPlan` that names a run folder, and the price of a next round or look under a time budget
-(`next_round_minutes`). Pure: no server, no file."""
+(`next_round_time`). Pure: no server, no file."""
 
 from __future__ import annotations
 
@@ -107,11 +107,11 @@ def cache_waves(units: list[Unit]) -> list[list[Unit]]:
     return [waves[w] for w in sorted(waves)] or [[]]
 
 
-def next_round_minutes(minutes: float, items: int, last_minutes: float, last_items: int, new_items: int) -> float:
-    """The server minutes a round of `new_items` will take, from the `minutes` the rounds so far took for
-    their `items` and the `last_minutes` the last round took for its `last_items`: at the slower of the
-    two rates. The last round alone prices a resumed compare, whose earlier rounds were read from disk in
+def next_round_time(spent: float, items: int, last: float, last_items: int, new_items: int) -> float:
+    """The server time a round of `new_items` will take (in the unit of `spent`), from the time `spent` on
+    the rounds so far for their `items` and the time the `last` round took for its `last_items`: at the
+    slower of the two rates. The last round alone prices a resumed compare, whose earlier rounds were read from disk in
     no time (at their rate the next round would look free); all rounds price a fresh one, whose first
     round carries the A/A floor's second pass."""
-    rate = max(minutes / items, last_minutes / last_items if last_items > 0 else 0.0)
+    rate = max(spent / items, last / last_items if last_items > 0 else 0.0)
     return rate * new_items

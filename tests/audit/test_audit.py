@@ -77,7 +77,7 @@ def test_outputs_the_reference_would_give_pass_and_a_clean_sample_stops_at_the_f
 
 
 def test_a_budget_stops_an_undecided_audit_before_a_look_it_cannot_afford(tmp_path, fake_server):
-    """`--max-minutes`: after an undecided first look the next is priced (plan.next_round_minutes) and, past
+    """`--max-minutes`: after an undecided first look the next is priced (plan.next_round_time) and, past
     the budget, not taken; the report names the budget. Without one the same audit goes on to the next look."""
     setup(tmp_path, fake_server)
     outputs(tmp_path / "out.jsonl", 300, completion=lambda i: f" {i} {i}" if i % 8 == 0 else f" {i}")

@@ -34,7 +34,7 @@ from kvqual.gate import Verdict, look_sizes
 from kvqual.judge.arms import Forcing, floor_reproduced, forcing_of
 from kvqual.judge.audit import judge_audit
 from kvqual.news import say
-from kvqual.plan import item_order, next_round_minutes
+from kvqual.plan import item_order, next_round_time
 from kvqual.probe import describe
 from kvqual.records import Item, RunManifest, Sample, SuiteRef, TokenLogprobs, dumps_line
 from kvqual.runner import run_target
@@ -150,15 +150,13 @@ class Audit:
         verdict, figures, stop, floor_m = None, {}, "", None
         budget = (self.run.max_minutes or 0) * 60
         for k, n in enumerate(self.sizes):
-            # the look priced at the slower of all looks' rate and the last look's (a resumed audit's earlier looks
-            # are read from disk in no time: plan.next_round_minutes)
-            done = self.sizes[k - 1] if k else 0
-            total = spent + next_round_minutes(spent, done, last, done - (self.sizes[k - 2] if k > 1 else 0),
-                                               n - done) if k else 0.0
-            if k and budget and total > budget:
-                stop = (f"stopped before look {k + 1} ({n} outputs): at this rate it would take "
-                        f"~{total / 60:.1f} min of the {budget / 60:g}-minute budget (--max-minutes)")
-                break
+            if k and budget:  # priced at the slower of all looks' rate and the last look's (plan.next_round_time)
+                done = self.sizes[k - 1]
+                total = spent + next_round_time(spent, done, last, done - (self.sizes[k - 2] if k > 1 else 0), n - done)
+                if total > budget:
+                    stop = (f"stopped before look {k + 1} ({n} outputs): at this rate it would take "
+                            f"~{total / 60:.1f} min of the {budget / 60:g}-minute budget (--max-minutes)")
+                    break
             look_began = time.monotonic()
             keys = self.order[:n]
             say(f"audit look {k + 1}/{len(self.sizes)}: {n} outputs")

@@ -33,7 +33,7 @@ from kvqual.judge.judge import judge
 from kvqual.judge.record import Judgement, LookPlan
 from kvqual.judge.arms import MIN_REPRODUCED, floor_reproduced, forcing_of
 from kvqual.news import say
-from kvqual.plan import item_order, next_round_minutes, plan_units
+from kvqual.plan import item_order, next_round_time, plan_units
 from kvqual.records import RunManifest
 from kvqual.runner import progress_mode, run_target
 from kvqual.store import load_samples
@@ -268,7 +268,7 @@ class Compare:
         """Why no further round may start after round k (None: it may). A budget only cuts a compare
         short: the next round is priced at the rate the rounds so far ran at (server time per item, both
         arms: `arms_done` of the two ran so far, as when the baseline's rounds run first; the slower of all
-        rounds' rate and the last round's: `next_round_minutes`), and it starts only if it would end within
+        rounds' rate and the last round's: `next_round_time`), and it starts only if it would end within
         `max_minutes`; the price of the look not taken goes in the report (`self.next_look`)."""
         run = self.run
         if k + 1 >= len(self.sizes):
@@ -277,8 +277,8 @@ class Compare:
         now = time.monotonic()
         minutes = (now - (self.rounds_started or self.started)) / 60 * both
         new_items = self.sizes[k + 1] - self.sizes[k]
-        more = next_round_minutes(minutes, self.sizes[k], (now - (self.round_began or self.started)) / 60 * both,
-                                  self.sizes[k] - (self.sizes[k - 1] if k else 0), new_items)
+        more = next_round_time(minutes, self.sizes[k], (now - (self.round_began or self.started)) / 60 * both,
+                               self.sizes[k] - (self.sizes[k - 1] if k else 0), new_items)
         why = None
         if run.max_minutes and minutes + more > run.max_minutes:
             why = (f"max_minutes {run.max_minutes:g}: the next look ({self.sizes[k + 1]} items) would take "

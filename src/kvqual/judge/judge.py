@@ -238,16 +238,27 @@ def _kv_dtype(m: RunManifest) -> str | None:
 MISSED_WARN = 0.01  # share of a candidate's tokens scored off the cache above which the report says so
 
 
+def _other_dtype_through_cache(bm: RunManifest, cm: RunManifest,
+                               cache: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The candidate's through-the-cache counts (report.json's teacher_forcing.through_cache) where its KV
+    dtype differs from the baseline's, the only case in which how it read its cache decides what the token
+    criteria saw; None otherwise."""
+    b, c = _kv_dtype(bm), _kv_dtype(cm)
+    if not (b and c) or b.lower() == c.lower() or not cache:
+        return None
+    return cache["candidate"]
+
+
 def evicted_scoring(bm: RunManifest, cm: RunManifest, cache: Mapping[str, Any] | None) -> str | None:
     """Why part of a candidate's through-the-cache scores (SGLang, forcing/sglang.py) did not read its
     cache, or None: a step whose prefix was evicted was scored against recomputed K/V, which never
     reads a KV dtype, so where the candidate's dtype differs the token criteria understate its effect
     on that share of the tokens (measured: 10-14% of a bf16 server's steps at look 3 with 32,000
     tokens of KV and 32 items at once; docs/gpu.md)."""
-    b, c = _kv_dtype(bm), _kv_dtype(cm)
-    got = cache["candidate"] if cache else None  # report.json's teacher_forcing.through_cache
-    if not (b and c) or b.lower() == c.lower() or not got or not got["scored"]:
+    got = _other_dtype_through_cache(bm, cm, cache)
+    if not got or not got["scored"]:
         return None
+    c = _kv_dtype(cm)
     share = got["missed"] / got["scored"]
     if share < MISSED_WARN:
         return None
@@ -264,10 +275,10 @@ def stepped_scoring(bm: RunManifest, cm: RunManifest, cache: Mapping[str, Any] |
     (SGLang's extend attention takes the fresh K/V of the extended tokens). Measured on an H100, SGLang
     0.5.17, fp8_e4m3 against bf16: mean KL 0.0048 nats/token at step 8 (1,038 items) against 0.0065 and
     0.0070 at step 1 (511 and 252 items); docs/gpu.md."""
-    b, c = _kv_dtype(bm), _kv_dtype(cm)
-    got = cache["candidate"] if cache else None
-    if not (b and c) or b.lower() == c.lower() or not got or got.get("step", 0) <= 1:
+    got = _other_dtype_through_cache(bm, cm, cache)
+    if not got or got.get("step", 0) <= 1:
         return None
+    c = _kv_dtype(cm)
     return (f"teacher forcing on {cm.target} scored {got['step']} tokens a request (sglang_score_step): within a "
             f"step the tokens also attend to K/V just computed, not read back from the {c} cache, so the token "
             "criteria understate its effect (measured on SGLang: mean KL about a quarter lower at step 8 than at "
