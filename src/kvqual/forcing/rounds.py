@@ -83,9 +83,11 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
     before = forcing_cost(base_dir, manifest.run_id) or dict.fromkeys(COST_KEYS, 0)  # earlier rounds' cost
     cached_before = _rescore(base_dir, manifest.run_id, forcer.step, target.name)  # earlier rounds' cache counts
 
+    checked = dict.fromkeys(CACHE_KEYS, 0)  # what the echo check scored: not the baseline's completions
+
     def record(cost: dict[str, int]) -> None:
-        cached = {"step": forcer.step, "scored": cached_before["scored"] + forcer.cache_scored,
-                  "missed": cached_before["missed"] + forcer.cache_missed}
+        cached = {"step": forcer.step, "scored": cached_before["scored"] + forcer.cache_scored - checked["scored"],
+                  "missed": cached_before["missed"] + forcer.cache_missed - checked["missed"]}
         write_json_atomic(window_file(base_dir, manifest.run_id), {"target": target.name, "run_id": manifest.run_id,
                                                                    "max_prompt": limit, "cost": cost,
                                                                    **({"through_cache": cached} if forcer.step else {})})
@@ -110,6 +112,7 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
                 return [await forcer.force(items[(s.suite, s.id)], s) for s in own]
 
             own_forced = await live.guard(score_own())
+            checked.update(scored=forcer.cache_scored, missed=forcer.cache_missed)
             try:
                 trust = check_echo_trust(list(zip(own, own_forced)), target.base_url)
             except EchoDisagreement as exc:
