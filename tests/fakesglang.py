@@ -326,6 +326,7 @@ class Fake:
                 "chunked_prefill_size": 8192, "max_prefill_tokens": 16384, "schedule_policy": "fcfs",
                 "page_size": 1, "context_length": a.context_length, "device": "cuda", "tp_size": 1, "pp_size": 1,
                 "dp_size": 1, "random_seed": 0, "enable_metrics": a.enable_metrics,
+                "enable_cache_report": a.enable_cache_report,
                 "served_model_name": a.served_model_name, "weight_version": "default", "chat_template": None,
                 "disable_radix_cache": a.disable_radix_cache, "attention_backend": "fa3", "speculative_algorithm": None}
 
@@ -394,11 +395,14 @@ class Fake:
                 "tokens": [e[2] for e in entries],
                 "top_logprobs": [None if t is None else {e[2]: e[0] for e in t} for t in tops or []]}
 
-    @staticmethod
-    def _usage(out: dict[str, Any]) -> dict[str, Any]:
+    def _usage(self, out: dict[str, Any]) -> dict[str, Any]:
+        """As UsageProcessor.calculate_response_usage: with --enable-cache-report the prompt's cached tokens, and
+        only where there are some (`_details_if_cached`: "keeps JSON slim"), else None."""
         m = out["meta_info"]
+        cached = m["cached_tokens"] if self.args.enable_cache_report else 0
         return {"prompt_tokens": m["prompt_tokens"], "total_tokens": m["prompt_tokens"] + m["completion_tokens"],
-                "completion_tokens": m["completion_tokens"], "prompt_tokens_details": None, "reasoning_tokens": 0}
+                "completion_tokens": m["completion_tokens"],
+                "prompt_tokens_details": {"cached_tokens": cached} if cached > 0 else None, "reasoning_tokens": 0}
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -524,6 +528,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-radix-cache", action="store_true", help="cache nothing: every prefix is recomputed")
     p.add_argument("--cache-noise", type=float, default=0.0, help="drift of K/V read back from the cache")
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--enable-cache-report", action="store_true", help="cached prompt tokens in every answer's usage")
     args = p.parse_args(argv)
     args.served_model_name = args.served_model_name or args.model
     return args

@@ -489,3 +489,36 @@ def test_a_candidate_whose_steps_find_no_cache_is_warned_about_and_its_blind_sco
     warning = next(w for w in report["warnings"] if "found their prefix evicted" in w)
     assert f"{cache['missed']:,} of {cache['scored']:,} tokens" in warning and "fp8_e4m3" in warning
     assert report["teacher_forcing"]["blind"] is not None
+
+
+def test_the_cache_path_on_sglang_says_why_it_is_not_measured(tmp_path):
+    """SGLang with --enable-cache-report reports cached prompt tokens, so prompts on shared contexts are warm or
+    cold units of the cache probe (docs/cache.md); but its OpenAI endpoints give top-k logprobs as text and its
+    native scoring as ids, so no unit's generated and forced distributions can be compared. Seen on the real
+    server (H100, 2026-12-07): the report read "0 warm and 0 cold units". It now says why, and stays undecided."""
+    import json
+    import os
+
+    from judge.test_cache_probe import shared_items
+    from kvtest import write_suite
+
+    base = start_fake_sglang("--enable-metrics", "--dtype", "bfloat16", "--enable-cache-report")
+    cand = start_fake_sglang("--kv-cache-dtype", "fp8_e4m3", "--enable-metrics", "--dtype", "bfloat16",
+                             "--enable-cache-report")
+    try:
+        write_suite(tmp_path / "shared.jsonl", shared_items())
+        (tmp_path / "kvqual.toml").write_text(
+            f'[targets.base]\nbase_url = "{base.base_url}"\n[targets.cand]\nbase_url = "{cand.base_url}"\n'
+            '[run]\nmax_tokens = 16\n')
+        r = subprocess.run([sys.executable, "-m", "kvqual", "compare", "base", "cand", "--suite", "shared.jsonl",
+                            "--fixed-n"], cwd=tmp_path, env={**os.environ, "CI": "true"}, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode in (0, 3), r.stdout + r.stderr
+        report = json.loads(next((tmp_path / "results").glob("compare-*/report.json")).read_text())
+    finally:
+        base.stop()
+        cand.stop()
+    c = next(c for c in report["verdict"]["criteria"] if c["name"] == "cache_path")
+    assert c["status"] == "inconclusive" and c["role"] == "guard" and c["n"] == 0
+    assert "generated top-k name tokens by text and its teacher-forced ones by id" in c["detail"], c["detail"]
+    assert "cache path is not measured" in c["detail"]

@@ -51,6 +51,7 @@ class CacheEvidence:
     cand_kl: dict[Key, float]  # KL(cand forced ‖ cand generated) over the common prefix
     base_kl: dict[Key, float]  # KL(base forced ‖ base generated) over the same positions
     exact: dict[Key, bool]  # the candidate's output equals the baseline's
+    unpaired: str | None = None  # why no unit's generated and forced records could be compared, where none could
 
 
 
@@ -76,7 +77,17 @@ def cache_evidence(base: Arm, cand: Arm, keys: list[Key]) -> CacheEvidence | Non
     forced_c = {k: n for k, n in upto.items() if usable(cand.forced, k)}
     base_kl = pos.kl_upto(base.forced.arrays, base_top, forced_b)
     cand_kl = pos.kl_upto(cand.forced.arrays, cand_top, forced_c)
-    return CacheEvidence({k: states[k] for k in upto}, cand_kl, base_kl, exact)
+    unpaired = None
+    if upto and not (cand_kl and base_kl):
+        by = [("by text" if arrays.names else "by id") for arrays in (cand_top, cand.forced.arrays)]
+        unpaired = (f"none of the {len(upto)} units could be compared: the candidate's generated top-k name tokens "
+                    f"{by[0]} and its teacher-forced ones {by[1]}" if by[0] != by[1] else
+                    f"none of the {len(upto)} units could be compared (no generated and teacher-forced records "
+                    "with top-k on the same tokens)")
+        if by[0] != by[1]:
+            unpaired += (" (SGLang's OpenAI endpoints give top-k logprobs as text, its native scoring as ids), "
+                         "so this server's cache path is not measured")
+    return CacheEvidence({k: states[k] for k in upto}, cand_kl, base_kl, exact, unpaired)
 
 
 
@@ -95,6 +106,8 @@ def cache_pairs(ev: CacheEvidence | None, base: Arm, cand: Arm, keys: list[Key])
                "SGLang: --enable-cache-report)")
         return CachePairs([], [], [], role=role, note=why)
     rows = [k for k in sorted(chosen) if k in ev.warm and k in ev.cand_kl and k in ev.base_kl]
+    if not rows and ev.unpaired:
+        return CachePairs([], [], [], role=role, note=ev.unpaired)
     warm = [ev.warm[k] for k in rows]
     n_warm, n_cold = sum(warm), len(warm) - sum(warm)
     exact_w = [ev.exact[k] for k in rows if ev.warm[k]]
