@@ -30,7 +30,8 @@ candidate whose distributions drift). `--cache-noise S` shifts only the logprobs
 read K/V back from the cache, as an fp8 KV cache does on the real server: every decode step after the
 first, and a prefill whose prefix matched the radix cache; a prefill that matched nothing attends to the
 K/V it has just computed and sees no drift (so one-prefill scoring of a completion is blind to it, as SGLang
-0.5.17's is, docs/gpu.md). The KV dtype is only reported. Not offered: streaming, batches of
+0.5.17's is with its triton backend, docs/gpu.md); `--attention-backend fa3` reads every K/V from the cache, the
+prefill's own too, as SGLang's FA3 backend does, so there one prefill drifts as well. The KV dtype is only reported. Not offered: streaming, batches of
 more than one prompt on the OpenAI endpoints, stop strings, tools.
 """
 
@@ -178,7 +179,9 @@ class Engine:
         rng = random.Random(f"{sp.get('sampling_seed')}|{ids}")
         # SGLang limits the prefix match to logprob_start_len so the prompt's logprobs are computed
         cached = self.cache.match(ids, min(len(ids) - 1, start if return_logprob and start >= 0 else len(ids)))
-        read = self.args.cache_noise if cached else 0.0  # the prefill's queries read the matched prefix's K/V
+        # the prefill's queries read the matched prefix's K/V; with FA3 they read every K/V from the cache, the
+        # new tokens' too (stored first), so a prefill that matched nothing drifts as well
+        read = self.args.cache_noise if cached or self.args.attention_backend == "fa3" else 0.0
         output: list[int] = []
         out_lp: list[tuple[float | None, int]] = []
         out_top: list[list[tuple[float, int]]] = []
@@ -328,7 +331,8 @@ class Fake:
                 "dp_size": 1, "random_seed": 0, "enable_metrics": a.enable_metrics,
                 "enable_cache_report": a.enable_cache_report,
                 "served_model_name": a.served_model_name, "weight_version": "default", "chat_template": None,
-                "disable_radix_cache": a.disable_radix_cache, "attention_backend": "fa3", "speculative_algorithm": None}
+                "disable_radix_cache": a.disable_radix_cache, "attention_backend": a.attention_backend,
+                "speculative_algorithm": None}
 
     async def server_info(self, request: web.Request) -> web.Response:
         """http_server.py get_server_info: {**server_args, **scheduler_info, internal_states, version}."""
@@ -527,6 +531,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--logprob-noise", type=float, default=0.0)
     p.add_argument("--disable-radix-cache", action="store_true", help="cache nothing: every prefix is recomputed")
     p.add_argument("--cache-noise", type=float, default=0.0, help="drift of K/V read back from the cache")
+    p.add_argument("--attention-backend", default="triton", choices=("triton", "fa3"),
+                   help="triton: a prefill attends to the K/V it has just computed; fa3: to every K/V from the cache")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--enable-cache-report", action="store_true", help="cached prompt tokens in every answer's usage")
     args = p.parse_args(argv)

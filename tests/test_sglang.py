@@ -522,3 +522,24 @@ def test_the_cache_path_on_sglang_says_why_it_is_not_measured(tmp_path):
     assert c["status"] == "inconclusive" and c["role"] == "guard" and c["n"] == 0
     assert "generated top-k name tokens by text and its teacher-forced ones by id" in c["detail"], c["detail"]
     assert "cache path is not measured" in c["detail"]
+
+
+def test_an_fa3_candidate_reads_its_cache_in_any_prefill_so_it_gets_no_understating_warnings(tmp_path):
+    """SGLang's FA3 backend (its choice on Hopper) attends to every K/V from the cache, a prefill's own too
+    (measured on SGLang 0.5.17: fp8 against bf16 0.103 nats/token in one prefill and stepped alike). A candidate
+    that reports `attention_backend: fa3` is measured whether its prefixes were evicted or its steps were long,
+    and the report does not warn that those scores missed its cache; nor is one-prefill scoring blind there."""
+    kept_nothing = _compare_sglang(tmp_path / "evicted", ["--cache-noise", "0.4", "--disable-radix-cache",
+                                                          "--attention-backend", "fa3"])
+    cache = kept_nothing["teacher_forcing"]["through_cache"]["candidate"]
+    assert cache["missed"] > 0 and kept_nothing["teacher_forcing"]["blind"] is None
+    assert not [w for w in kept_nothing["warnings"] if "found their prefix evicted" in w]
+    kl = next(c for c in kept_nothing["verdict"]["criteria"] if c["name"] == "kl_excess")
+    assert kl["estimate"] is not None and kl["estimate"] > 0.001  # the drift is read, every step recomputed
+    stepped = _compare_sglang(tmp_path / "step4", ["--cache-noise", "0.4", "--attention-backend", "fa3"],
+                              "sglang_score_step = 4\n")
+    assert not [w for w in stepped["warnings"] if "tokens a request" in w]
+    one = _compare_sglang(tmp_path / "one", ["--cache-noise", "0.4", "--attention-backend", "fa3"],
+                          "sglang_score_step = 0\n")
+    assert one["teacher_forcing"]["blind"] is None
+    assert next(c for c in one["verdict"]["criteria"] if c["name"] == "kl_excess")["estimate"] > 0.001

@@ -236,15 +236,28 @@ def _kv_dtype(m: RunManifest) -> str | None:
 
 
 MISSED_WARN = 0.01  # share of a candidate's tokens scored off the cache above which the report says so
+# SGLang attention backends whose prefill stores the new tokens' K/V first and attends to them from the cache, so
+# that recomputed and in-step K/V are read back in the cache's dtype too. Measured: FA3 on SGLang 0.5.17 (H100,
+# fp8_e4m3 against bf16 on 50 tokens: 0.103 nats/token in one prefill and stepped alike; docs/gpu.md). Triton's
+# does not (one prefill bit-identical to bf16); other backends are not measured and keep the warnings.
+PREFILL_READS_CACHE = frozenset({"fa3"})
+
+
+def _attention_backend(m: RunManifest) -> str | None:
+    """The attention backend an SGLang server reports in /get_server_info (its server args), or None."""
+    si = m.server_info.get("server_info")
+    got = si.get("attention_backend") if isinstance(si, dict) else None
+    return got if isinstance(got, str) else None
 
 
 def _other_dtype_through_cache(bm: RunManifest, cm: RunManifest,
                                cache: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The candidate's through-the-cache counts (report.json's teacher_forcing.through_cache) where its KV
-    dtype differs from the baseline's, the only case in which how it read its cache decides what the token
-    criteria saw; None otherwise."""
+    dtype differs from the baseline's and its attention may compute K/V it does not read back from the cache
+    (not PREFILL_READS_CACHE), the only case in which how it read its cache decides what the token criteria
+    saw; None otherwise."""
     b, c = _kv_dtype(bm), _kv_dtype(cm)
-    if not (b and c) or b.lower() == c.lower() or not cache:
+    if not (b and c) or b.lower() == c.lower() or not cache or _attention_backend(cm) in PREFILL_READS_CACHE:
         return None
     return cache["candidate"]
 
