@@ -304,8 +304,9 @@ def blind_scoring(bm: RunManifest, cm: RunManifest, base: Arm, cand: Arm, cand_s
     A candidate configured with another KV dtype whose scores of the baseline's completions are
     bit-identical to the baseline's own on every item (at least MIN_REPRODUCED), while some of its
     generations differ, scored them without reading K/V back from its cache: SGLang scoring a
-    sequence in one prefill (`sglang_score_step = 0`), whose attention uses the K/V it has just
-    computed, not what the fp8 cache stores (measured: SGLang 0.5.17, fp8_e4m3, H100), or in steps
+    sequence in one prefill (`sglang_score_step = 0`) with its triton backend, whose attention uses the
+    K/V it has just computed, not what the fp8 cache stores (measured: SGLang 0.5.17, fp8_e4m3, H100;
+    FA3's prefill reads them back from the cache, so it is not blind there), or in steps
     on a server that keeps no prefix in its radix cache. Its token criteria would read 0 and
     PASS a cache they never looked at; they are left out instead."""
     b, c = _kv_dtype(bm), _kv_dtype(cm)
