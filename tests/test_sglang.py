@@ -533,6 +533,8 @@ def test_an_fa3_candidate_reads_its_cache_in_any_prefill_so_it_gets_no_understat
                                                           "--attention-backend", "fa3"])
     cache = kept_nothing["teacher_forcing"]["through_cache"]["candidate"]
     assert cache["missed"] > 0 and kept_nothing["teacher_forcing"]["blind"] is None
+    runs = kept_nothing["runs"]  # what each server reported, in the report that is attached to the change
+    assert (runs["baseline"]["attention_backend"], runs["candidate"]["attention_backend"]) == ("triton", "fa3")
     assert not [w for w in kept_nothing["warnings"] if "found their prefix evicted" in w]
     kl = next(c for c in kept_nothing["verdict"]["criteria"] if c["name"] == "kl_excess")
     assert kl["estimate"] is not None and kl["estimate"] > 0.001  # the drift is read, every step recomputed

@@ -71,9 +71,11 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
         si = m.server_info.get("server_info") or {}
+        backend = si.get("attention_backend")
         return {"run_id": m.run_id, "target": m.target, "model": m.model, "kv_cache_dtype": m.kv_cache_dtype,
                 "reported_kv_dtype": m.server_info.get("kv_cache_dtype"), "kv_scale": si.get("kv_scale"),
                 "kv_fault": si.get("kv_fault"), "engine": m.server_info.get("engine"),
+                "attention_backend": backend if isinstance(backend, str) else None,
                 "kv_capacity_tokens": m.server_info.get("kv_capacity_tokens"),
                 "token_ids": bool(m.params.token_ids),
                 "base_urls": list(m.base_urls), "units": m.counts.get("units"), "ok": m.counts.get("ok"),

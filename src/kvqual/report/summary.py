@@ -160,7 +160,8 @@ def _run_value(run: Any, key: str) -> str:
         return ", ".join(str(u) for u in value) if value else MISSING
     if key in ("started_at", "finished_at"):
         return fmt_time(value)
-    if key in ("kv_scale", "reported_kv_dtype", "kv_fault", "engine", "kv_capacity_tokens") and value is None:
+    if key in ("kv_scale", "reported_kv_dtype", "kv_fault", "engine", "attention_backend",
+               "kv_capacity_tokens") and value is None:
         return "not reported"
     if key == "kv_scale":
         return fmt_scale(value)
@@ -175,6 +176,7 @@ _ARM_FIELDS = (
     ("kv_scale", "KV scale (server-reported)"),
     ("kv_fault", "KV fault mode (kvqual serve)"),
     ("engine", "Engine (detected)"),
+    ("attention_backend", "Attention backend (server-reported)"),
     ("kv_capacity_tokens", "KV capacity (tokens, server-reported)"),
     ("ok", "Requests ok"),
     ("failed", "Requests failed"),
