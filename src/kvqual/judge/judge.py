@@ -21,7 +21,7 @@ from kvqual.judge import metrics as mx
 from kvqual.judge import positions as pos
 from kvqual.judge import speed as sp
 from kvqual.judge.arms import MIN_REPRODUCED, Arm, forcing_from, rounded, usable
-from kvqual.judge.record import Judgement, LookPlan, RunSummary
+from kvqual.judge.record import Judgement, LookPlan, RunSummary, attention_backend
 from kvqual.errors import KvqualError
 from kvqual.gate import GatePolicy
 from kvqual.records import RunManifest
@@ -243,13 +243,6 @@ MISSED_WARN = 0.01  # share of a candidate's tokens scored off the cache above w
 PREFILL_READS_CACHE = frozenset({"fa3"})
 
 
-def _attention_backend(m: RunManifest) -> str | None:
-    """The attention backend an SGLang server reports in /get_server_info (its server args), or None."""
-    si = m.server_info.get("server_info")
-    got = si.get("attention_backend") if isinstance(si, dict) else None
-    return got if isinstance(got, str) else None
-
-
 def _other_dtype_through_cache(bm: RunManifest, cm: RunManifest,
                                cache: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The candidate's through-the-cache counts (report.json's teacher_forcing.through_cache) where its KV
@@ -257,7 +250,7 @@ def _other_dtype_through_cache(bm: RunManifest, cm: RunManifest,
     (not PREFILL_READS_CACHE), the only case in which how it read its cache decides what the token criteria
     saw; None otherwise."""
     b, c = _kv_dtype(bm), _kv_dtype(cm)
-    if not (b and c) or b.lower() == c.lower() or not cache or _attention_backend(cm) in PREFILL_READS_CACHE:
+    if not (b and c) or b.lower() == c.lower() or not cache or attention_backend(cm) in PREFILL_READS_CACHE:
         return None
     return cache["candidate"]
 

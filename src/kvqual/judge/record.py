@@ -62,6 +62,13 @@ class LookPlan:
         return f"the pool is spent: all {sizes[taken - 1]} items judged at look {taken} of {planned}"
 
 
+def attention_backend(m: RunManifest) -> str | None:
+    """The attention backend the server reports (SGLang's /get_server_info lists its server args), or None."""
+    si = m.server_info.get("server_info")
+    got = si.get("attention_backend") if isinstance(si, dict) else None
+    return got if isinstance(got, str) else None
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """One arm's run as the report shows it: what was asked of the server and what it reported."""
@@ -71,11 +78,10 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
         si = m.server_info.get("server_info") or {}
-        backend = si.get("attention_backend")
         return {"run_id": m.run_id, "target": m.target, "model": m.model, "kv_cache_dtype": m.kv_cache_dtype,
                 "reported_kv_dtype": m.server_info.get("kv_cache_dtype"), "kv_scale": si.get("kv_scale"),
                 "kv_fault": si.get("kv_fault"), "engine": m.server_info.get("engine"),
-                "attention_backend": backend if isinstance(backend, str) else None,
+                "attention_backend": attention_backend(m),
                 "kv_capacity_tokens": m.server_info.get("kv_capacity_tokens"),
                 "token_ids": bool(m.params.token_ids),
                 "base_urls": list(m.base_urls), "units": m.counts.get("units"), "ok": m.counts.get("ok"),
