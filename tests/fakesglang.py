@@ -31,8 +31,8 @@ read K/V back from the cache, as an fp8 KV cache does on the real server: every 
 first, and a prefill whose prefix matched the radix cache; a prefill that matched nothing attends to the
 K/V it has just computed and sees no drift (so one-prefill scoring of a completion is blind to it, as SGLang
 0.5.17's is with its triton backend, docs/gpu.md); `--attention-backend fa3` reads every K/V from the cache, the
-prefill's own too, as SGLang's FA3 backend does, so there one prefill drifts as well. The KV dtype is only reported. Not offered: streaming, batches of
-more than one prompt on the OpenAI endpoints, stop strings, tools.
+prefill's own too, as SGLang's FA3 backend does, so there one prefill drifts as well. The KV dtype is only
+reported. Not offered: streaming, batches of more than one prompt on the OpenAI endpoints, stop strings, tools.
 """
 
 from __future__ import annotations

@@ -110,8 +110,8 @@ def cache_waves(units: list[Unit]) -> list[list[Unit]]:
 def next_round_time(spent: float, items: int, last: float, last_items: int, new_items: int) -> float:
     """The server time a round of `new_items` will take (in the unit of `spent`), from the time `spent` on
     the rounds so far for their `items` and the time the `last` round took for its `last_items`: at the
-    slower of the two rates. The last round alone prices a resumed compare, whose earlier rounds were read from disk in
-    no time (at their rate the next round would look free); all rounds price a fresh one, whose first
-    round carries the A/A floor's second pass."""
+    slower of the two rates. The last round alone prices a resumed compare, whose earlier rounds were read
+    from disk in no time (at their rate the next round would look free); all rounds price a fresh one,
+    whose first round carries the A/A floor's second pass."""
     rate = max(spent / items, last / last_items if last_items > 0 else 0.0)
     return rate * new_items

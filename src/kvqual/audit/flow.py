@@ -182,7 +182,8 @@ class Audit:
                 raise group.exceptions[0] from None
             finally:
                 await ref_forcer.aclose()
-            spent, last = time.monotonic() - started, time.monotonic() - look_began
+            now = time.monotonic()
+            spent, last = now - started, now - look_began
             verdict, figures = self._judge(floor_m, floor_dir, k + 1)
             if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
                 stop = f"decided at look {k + 1} of {len(self.sizes)} ({n} outputs)"

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvqual.gate import CachePairs
 from kvqual.judge import positions as pos
-from kvqual.judge.arms import Arm, Key, clusters_of, usable
+from kvqual.judge.arms import Arm, Forcing, Key, clusters_of, usable
 from kvqual.records import Sample
 
 WARM_SHARE, COLD_SHARE = 0.5, 0.1  # cached share of the prompt: at least → warm, at most → cold
@@ -77,17 +77,19 @@ def cache_evidence(base: Arm, cand: Arm, keys: list[Key]) -> CacheEvidence | Non
     forced_c = {k: n for k, n in upto.items() if usable(cand.forced, k)}
     base_kl = pos.kl_upto(base.forced.arrays, base_top, forced_b)
     cand_kl = pos.kl_upto(cand.forced.arrays, cand_top, forced_c)
-    unpaired = None
-    if upto and not (cand_kl and base_kl):
-        by = [("by text" if arrays.names else "by id") for arrays in (cand_top, cand.forced.arrays)]
-        unpaired = (f"none of the {len(upto)} units could be compared: the candidate's generated top-k name tokens "
-                    f"{by[0]} and its teacher-forced ones {by[1]}" if by[0] != by[1] else
-                    f"none of the {len(upto)} units could be compared (no generated and teacher-forced records "
-                    "with top-k on the same tokens)")
-        if by[0] != by[1]:
-            unpaired += (" (SGLang's OpenAI endpoints give top-k logprobs as text, its native scoring as ids), "
-                         "so this server's cache path is not measured")
-    return CacheEvidence({k: states[k] for k in upto}, cand_kl, base_kl, exact, unpaired)
+    return CacheEvidence({k: states[k] for k in upto}, cand_kl, base_kl, exact,
+                         None if not upto or (cand_kl and base_kl) else _unpaired(len(upto), cand_top, cand.forced))
+
+
+def _unpaired(units: int, generated: pos.TokenArrays, forced: Forcing) -> str:
+    """Why none of `units` could compare its generated and teacher-forced distributions."""
+    gen_by, forced_by = ("by text" if a.names else "by id" for a in (generated, forced.arrays))
+    if gen_by == forced_by:
+        return (f"none of the {units} units could be compared (no generated and teacher-forced records with top-k "
+                "on the same tokens)")
+    return (f"none of the {units} units could be compared: the candidate's generated top-k name tokens {gen_by} "
+            f"and its teacher-forced ones {forced_by} (SGLang's OpenAI endpoints give top-k logprobs as text, its "
+            "native scoring as ids), so this server's cache path is not measured")
 
 
 
