@@ -40,6 +40,10 @@ Answers are deterministic functions of the prompt, so tests can predict them:
   endpoint joins them), token-id prompts, `return_tokens_as_token_ids` (tokens and top-k keys as
   `token_id:N`). A position's logprob depends on the last 40 characters before it, so a scoring
   window that keeps 40+ characters of context scores exactly what the whole sequence does.
+- `--broken-rate R --broken-noise S` breaks R of the prompts (by a hash of their text's first 60
+  characters, alike in generation and echo scoring): their logprobs move by S/2 to S nats (an fp8 scale
+  overflowing on a few prompts); `--nan-rate R` answers R of the prompts with a NaN logprob (NaN
+  logits), in generation and in echo scoring alike;
 - `--gpu-noise P --noise-seed K` is a GPU server's batch nondeterminism as vLLM on an H200 showed it:
   a share P of prompts (chosen by a hash of the prompt's start and K, so two servers with different K
   differ on different prompts, and a server agrees with itself) get every logprob moved by up to 0.01
@@ -227,12 +231,23 @@ class Fake:
         """--gpu-noise: whether this server's batches move this prompt's logprobs (by its first 60 characters)."""
         return bool(self.args.gpu_noise) and _h(f"gpu-item:{self.args.noise_seed}:" + text[:60]) < self.args.gpu_noise
 
+    def picked(self, text: str, rate: float, what: str) -> bool:
+        """Whether a prompt (by its text's first 60 characters, the same in generation and in echo
+        scoring) is among the `rate` share of prompts a fault hits."""
+        return bool(rate) and _h(f"{what}:{self.args.noise_seed}:" + text[:60]) < rate
+
     def logprobs(self, prior: str, tokens: list[str], k: int, first_null: bool, warm: bool = False) -> dict:
         out_lp, top, offsets = [], [], []
         context, offset = prior, len(prior) if not first_null else 0
         jitter = self.jittered(prior + "".join(tokens))
+        broken = self.picked(prior + "".join(tokens), self.args.broken_rate, "broken")
+        nan = self.picked(prior + "".join(tokens), self.args.nan_rate, "nan")
         for i, tok in enumerate(tokens):
             lp = self.logprob(context, tok, jitter)
+            if broken:  # a prompt broken badly (an fp8 scale overflowing on it): its logprobs far off
+                lp = min(lp - self.args.broken_noise * (0.5 + 0.5 * _h("broken:" + context[-40:] + tok)), -1e-4)
+            if nan and i == len(tokens) - 1:  # NaN logits: what an fp8 overflow gives
+                lp = math.nan
             if warm and self.args.warm_noise:
                 lp = min(lp - self.args.warm_noise * _h("warm:" + context[-40:] + tok), -1e-4)
             out_lp.append(None if (first_null and i == 0) else lp)
@@ -468,6 +483,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--echo-noise", type=float, default=0.0)
     p.add_argument("--noise-seed", type=int, default=0)
     p.add_argument("--hide-max-model-len", action="store_true")
+    p.add_argument("--broken-rate", type=float, default=0.0)  # this share of prompts (by hash) is broken …
+    p.add_argument("--broken-noise", type=float, default=1.0)  # … its logprobs moved by half this to this many nats
+    p.add_argument("--nan-rate", type=float, default=0.0)  # this share of prompts (by hash) answer NaN logprobs
     return p.parse_args(argv)
 
 

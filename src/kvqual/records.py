@@ -32,6 +32,19 @@ _LIMIT_PATTERNS = (re.compile(r"maximum context length is (\d+)", re.I),
                    re.compile(r"maximum context length of (\d+)", re.I))
 
 
+# What a failure message says when the server answered and its answer was not data (retry.classify's
+# "invalid response: …" with client.check_finite's or bodies.decode_json's words): the content failed,
+# not the network. "answered by model …" and an oversized body are not among them.
+_UNUSABLE = ("not a finite number", "malformed response:", "not a JSON number", "overflows to infinity")
+
+
+def unusable_answer(message: str | None) -> bool:
+    """Did this failure come from an answer whose content is not data (NaN or ±inf logprobs, a body
+    that is not JSON), rather than from the network or a server that did not answer? A candidate's
+    such answer is its own outcome, a broken prompt, never an infrastructure fault (gate/tail.py)."""
+    return bool(message) and "invalid response:" in message and any(words in message for words in _UNUSABLE)
+
+
 def refused_limit(message: str | None) -> int | None:
     """The context limit a server states when it refuses a prompt as too long (an HTTP 400 whose
     body says e.g. vLLM's "This model's maximum context length is 4096 tokens. However, you

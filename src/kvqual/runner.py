@@ -27,9 +27,10 @@ from kvqual.config import RunDefaults, Target
 from kvqual.errors import InfrastructureError, ServerContractError
 from kvqual.liveness import Liveness
 from kvqual.plan import RunPlan, Unit, cache_waves, plan_units
-from kvqual.records import GenerationParams, Item, RunManifest, Sample
+from kvqual.gate.criteria import failures_shown_above
+from kvqual.records import GenerationParams, Item, RunManifest, Sample, unusable_answer
 from kvqual.retry import RetryPolicy
-from kvqual.store import FLUSH_SECONDS, RunLock, RunStore, answered_keys, failure_summary
+from kvqual.store import FLUSH_SECONDS, RunLock, RunStore, answered_keys, failure_summary, last_errors
 from kvqual.suites import LoadedSuite
 from kvqual.telemetry import Scraper
 from kvqual.transport import Transport, close_all
@@ -268,7 +269,10 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         store.close()
         if interrupted is not None:
             raise interrupted
-    if failed_rate > run.max_failed_rate:
+    # an answer that is not data (NaN logprobs) is the server's own outcome, judged by the gate (a broken prompt
+    # of the candidate's); the rest stop the run only once shown above the bound, not on a small look's share
+    lost = sum(1 for e in last_errors(store.run_dir) if not unusable_answer(e)) if failed_rate > run.max_failed_rate else 0
+    if failures_shown_above(lost, total, run.max_failed_rate):
         raise InfrastructureError(
             f"{plan.target.name}: {total - len(store.done)} of {total} requests failed "
             f"({failed_rate:.1%} > max_failed_rate {run.max_failed_rate:.1%}: "

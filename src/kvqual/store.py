@@ -167,16 +167,21 @@ def error_kind(message: str) -> str:
     return message.split(":", 1)[0][:60]
 
 
-def failure_counts(run_dir: str | Path) -> Counter[str]:
-    """How often each kind of failure is recorded for the keys still unanswered in a run folder."""
+def last_errors(run_dir: str | Path) -> list[str]:
+    """The failure of every key still unanswered in a run folder (its last line's error)."""
     path = Path(run_dir) / SAMPLES
     if not path.is_file():
-        return Counter()
+        return []
     last: dict[Key, str | None] = {}
     for _, obj in iter_sample_lines(path):
         if obj is not None:
             last[(obj.get("suite"), obj.get("id"), obj.get("repeat"))] = obj.get("error")  # type: ignore[index]
-    return Counter(error_kind(str(e)) for e in last.values() if e is not None)
+    return [str(e) for e in last.values() if e is not None]
+
+
+def failure_counts(run_dir: str | Path) -> Counter[str]:
+    """How often each kind of failure is recorded for the keys still unanswered in a run folder."""
+    return Counter(error_kind(e) for e in last_errors(run_dir))
 
 
 def failure_summary(run_dir: str | Path) -> str:

@@ -28,7 +28,8 @@ from kvqual.compare.verify import as_reported, verify
 from kvqual.config import Config, RunDefaults, Target
 from kvqual.forced import teacher_file
 from kvqual.forcing import rounds as forcing
-from kvqual.gate import look_sizes
+from kvqual.gate import GatePolicy, look_sizes
+from kvqual.gate.tail import units_to_bound
 from kvqual.judge.judge import judge
 from kvqual.judge.record import Judgement, LookPlan
 from kvqual.judge.arms import MIN_REPRODUCED, floor_reproduced, forcing_of
@@ -59,6 +60,20 @@ class CompareState:
     looks_taken: int = 0
     stop: str | None = None
     report: Judgement | None = None
+
+
+def tail_plan(gate: GatePolicy, pool: int) -> str:
+    """Before the compare starts: how many prompts a PASS needs to bound the share of broken ones at
+    `max_broken_share` (gate/tail.py), and whether this compare's pool holds them."""
+    need = units_to_bound(gate.max_broken_share, gate.alpha)
+    assert need is not None  # with none broken it always grows
+    text = (f"broken prompts: a PASS bounds their share at max_broken_share {gate.max_broken_share:.2%}, which takes "
+            f"about {need:,} independent prompts with none broken")
+    if pool < need:
+        share = next(p / 1000 for p in range(1, 1000) if (units_to_bound(p / 1000, gate.alpha) or pool + 1) <= pool)
+        text += (f"; this compare's {pool:,} items cannot hold them, so it can FAIL or stay INCONCLUSIVE but not PASS: "
+                 f"give it more items, or set [gate] max_broken_share = {share:g} (what {pool:,} prompts can bound)")
+    return text
 
 
 def serve_together(config: Config, base: Target, cand: Target) -> bool:
@@ -314,6 +329,8 @@ class Compare:
                 say(f"every answer and score of this compare is on disk from an earlier run of it: judged again "
                     f"without starting {self.base_t.name} or {self.cand_t.name} (--rerun asks the servers again)")
                 return earlier
+        if self.tf:
+            say(tail_plan(self.config.gate, self.pool))
         together = self.together = serve_together(self.config, self.base_t, self.cand_t)
         rd = self.run.results_dir
         self.progress = show = CompareProgress(len(self.sizes), progress_mode(None))

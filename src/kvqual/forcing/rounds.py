@@ -13,6 +13,8 @@ from typing import Callable
 from kvqual.config import RunDefaults, Target
 from kvqual.errors import EchoDisagreement, InfrastructureError
 from kvqual.liveness import Liveness
+from kvqual.gate.criteria import failures_shown_above
+from kvqual.records import unusable_answer
 from kvqual.forced import CACHE_KEYS, COST_KEYS, FAILED, forcing_cost, through_cache, refusal, refusal_file, teacher_file, window_file
 from kvqual.forcing.sglang import SglangForcer
 from kvqual.forcing.teacher import TeacherForcer, check_echo_trust, force_all, trust_sample
@@ -130,8 +132,9 @@ async def teacher_force(target: Target, manifest: RunManifest, base_dir: Path, i
             passes.append(force_all(forcer, items, again_samples, teacher_file(base_dir, manifest.run_id, True),
                                     done_one))
         for forced in await live.guard(asyncio.gather(*passes)):
-            failed = [f for f in forced if (f.reason or "").startswith(FAILED)]
-            if forced and len(failed) / len(forced) > run.max_failed_rate:
+            # an answer that is not data is the server's own outcome, which the gate judges (a broken prompt)
+            failed = [f for f in forced if (f.reason or "").startswith(FAILED) and not unusable_answer(f.reason)]
+            if failures_shown_above(len(failed), len(forced), run.max_failed_rate):
                 raise InfrastructureError(
                     f"{target.name}: teacher forcing: {len(failed)} of {len(forced)} requests failed "
                     f"({len(failed) / len(forced):.1%} > max_failed_rate {run.max_failed_rate:.1%}; "

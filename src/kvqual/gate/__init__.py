@@ -5,6 +5,7 @@
     criteria.py    one function per criterion: estimate, interval, pass and fail tests, n_more
     criterion.py   the `Criterion` value and the one-sided t test the criteria share
     tokens.py      the token-level criteria (KL, top-1): betting bound, Hall-corrected t
+    tail.py        broken_share: the share of prompts the candidate broke, beyond the A/A floor's
     sequential.py  Pocock nominal levels that keep α over K looks
     verdict.py     Holm over fail tests, intersection–union over primary criteria, the replay of looks
 
@@ -12,14 +13,14 @@ Formulas and the defaults' reasons: docs/statistics.md; error rates: docs/calibr
 """
 
 from kvqual.gate.criteria import Criterion, Direction, Role, Status
-from kvqual.gate.inputs import (AccuracyPairs, CachePairs, GateInputs, LengthPairs, RatePairs, RequestCounts,
-                                SteadySpeed, TokenCoverage, TokenPairs)
+from kvqual.gate.inputs import (AccuracyPairs, BrokenUnits, CachePairs, GateInputs, LengthPairs, RatePairs, RequestCounts,
+                                SteadySpeed, TokenCoverage, TokenPairs, UnusableAnswers)
 from kvqual.gate.policy import GatePolicy
 from kvqual.gate.sequential import look_sizes, nominal_alpha, pocock_critical
 from kvqual.gate.verdict import EXIT_CODES, Verdict, combine, decide, decide_sequence
 
 __all__ = [
-    "AccuracyPairs", "CachePairs", "Criterion", "Direction", "EXIT_CODES", "GateInputs", "GatePolicy", "LengthPairs",
+    "AccuracyPairs", "BrokenUnits", "CachePairs", "UnusableAnswers", "Criterion", "Direction", "EXIT_CODES", "GateInputs", "GatePolicy", "LengthPairs",
     "RatePairs", "RequestCounts", "Role", "Status", "SteadySpeed", "TokenCoverage", "TokenPairs", "Verdict", "combine",
     "decide", "decide_sequence", "look_sizes", "nominal_alpha", "pocock_critical",
 ]

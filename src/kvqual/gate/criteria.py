@@ -26,7 +26,7 @@ from kvqual.gate.tokens import TOKEN_CRITERIA, token_criteria, token_excess
 __all__ = [
     "CONTEXT_PREFIX", "Criterion", "Direction", "Role", "Status", "not_evaluated", "one_sided", "token_excess",
     "TOKEN_CRITERIA", "token_criteria", "accuracy", "pooled_accuracy", "lengths", "rate_excess", "RATE_CRITERIA",
-    "length_ks", "cache_path", "failed", "speedup", "steady_speedup",
+    "length_ks", "cache_path", "failed", "failures_shown_above", "speedup", "steady_speedup",
 ]
 
 
@@ -276,23 +276,39 @@ def cache_path(cp: CachePairs, policy: GatePolicy, level: float, m: int) -> Crit
                      role, "contexts")  # type: ignore[arg-type]
 
 
+def failures_shown_above(failed: int, total: int, bound: float, level: float = 0.05) -> bool:
+    """Is the share of failed requests shown above `bound` (the exact one-sided lower bound at `level`
+    above it)? The one rule for stopping on failures, in the gate and while requests are sent: 2 failures
+    in the first 124 requests of a server failing 0.5% are not (1.6% observed; its lower bound is 0.2%)."""
+    return failed > 0 and total > 0 and st.clopper_pearson_ci(failed, total, level=1 - 2 * level).low > bound
+
+
 def failed(arm: str, counts: RequestCounts, policy: GatePolicy, level: float) -> Criterion:
-    """Run health, both arms alike: passes when the observed share of failed requests (after their
-    retries) is at most `max_failed_rate`. Above it the run is not trusted and the compare stops as an
-    infrastructure fault (exit 4), never as a verdict on the candidate: `Verdict.infrastructure`.
-    Prompts that do not fit a server's context are not failures: they are left out of both arms."""
+    """Run health, both arms alike: the share of requests that failed for the network or the server
+    (after their retries) against `max_failed_rate`, judged as the other criteria are: shown above it
+    (the exact lower bound at this look's level above the bound), the run is not trusted and the
+    compare stops as an infrastructure fault (exit 4), never as a verdict on the candidate
+    (`Verdict.infrastructure`); above it but not shown (2 failures in the first 124 requests of a server
+    failing 0.5%), it blocks PASS at this look and more requests decide; at or below it, it passes.
+    A candidate's answer that is not data (NaN logprobs) is no failure here: it is the candidate's
+    own outcome, a broken prompt (gate/tail.py). Prompts that do not fit a server's context are not
+    failures either: they are left out of both arms."""
     k, n, bound = counts.failed, counts.total, policy.max_failed_rate
     if n <= 0:
         return not_evaluated(f"failed_rate_{arm}", "at_most", None, bound, "no requests")
     ci = st.clopper_pearson_ci(k, n, level=1 - 2 * level)
+    shown_above = failures_shown_above(k, n, bound, level)
     status: Status = "pass" if k / n <= bound else "inconclusive"
-    detail = f"{k} of {n} requests failed" + ("" if status == "pass" else
-                                               f" (> max_failed_rate {bound:.1%}): the run is not trusted")
+    detail = f"{k} of {n} requests failed"
+    if shown_above:
+        detail += f" (shown above max_failed_rate {bound:.1%}): the run is not trusted"
+    elif status != "pass":
+        detail += f" (above max_failed_rate {bound:.1%}, not shown above it: more requests decide)"
     if counts.retries:
         detail += f"; {counts.retries} retries"
     return Criterion(f"failed_rate_{arm}", None, status, "at_most", None, bound, k / n, ci.low, ci.high,
                      ci.level, None, None, None, n, None, detail, "primary", "requests", level,
-                     infrastructure=status != "pass")
+                     infrastructure=shown_above)
 
 
 def speedup(base: np.ndarray, cand: np.ndarray, policy: GatePolicy, level: float, m: int) -> Criterion:

@@ -102,12 +102,72 @@ class TokenPairs:
     clusters: np.ndarray | None = None
     floor_note: str = ""  # how the floor was obtained (measured, or reproduced bit for bit)
     kl_missing: str = ""  # why there is no KL (`kvqual audit` without a candidate server has one distribution)
+    rank: np.ndarray | None = None  # each unit's place in the plan's seeded order (None: the order given)
 
     def __post_init__(self) -> None:
         if (self.kl_cand is None) != (self.kl_floor is None):
             raise ValueError("kl_cand and kl_floor come together")
         kl = {} if self.kl_cand is None else {"kl_cand": float, "kl_floor": float}
-        _freeze(self, {**kl, "top1_cand": float, "top1_floor": float})
+        _freeze(self, {**kl, "top1_cand": float, "top1_floor": float, **({"rank": int} if self.rank is not None else {})})
+
+
+@dataclass(frozen=True)
+class BrokenUnits:
+    """The tail criterion's units (gate/tail.py `broken_units` builds them): per unit, whether the
+    candidate broke it (its mean teacher-forced KL above `broken_kl`, or an answer that is not data
+    where the baseline answered) and whether the A/A floor did (the baseline's second pass above
+    `broken_kl`), with its cluster and its place in the plan's seeded order. `unusable`: the units
+    broken by an answer that is not data."""
+
+    cand: np.ndarray
+    floor: np.ndarray
+    clusters: np.ndarray | None = None
+    rank: np.ndarray | None = None
+    unusable: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        extra = {name: dtype for name, dtype in (("rank", int), ("unusable", bool)) if getattr(self, name) is not None}
+        _freeze(self, {"cand": bool, "floor": bool, **extra})
+
+
+@dataclass(frozen=True)
+class UnusableAnswers:
+    """Units the baseline answered and the candidate answered with something that is not data (NaN
+    logprobs, a body that is not JSON), which therefore have no token metrics: the candidate's
+    own outcome, a broken prompt each (gate/tail.py). Their clusters and places in the seeded order."""
+
+    clusters: np.ndarray
+    rank: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clusters", np.asarray(self.clusters, dtype=object))
+        if self.rank is not None:
+            object.__setattr__(self, "rank", _array(self.rank, int, "rank"))
+
+
+def seeded(rank: np.ndarray | None, n: int) -> np.ndarray:
+    """The units' indices in the plan's seeded order (stable; the order given when no rank is)."""
+    return np.arange(n) if rank is None else np.argsort(rank, kind="stable")
+
+
+def first_rank(codes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per unit, the smallest rank among its cluster's units (`codes`: cluster codes)."""
+    low = np.full(int(codes.max()) + 1 if codes.size else 0, np.iinfo(np.int64).max)
+    np.minimum.at(low, codes, ranks)
+    return low[codes]
+
+
+def cluster_firsts(clusters: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
+    """Each unit's cluster as a code numbered by first appearance in the order given (0 for the first
+    cluster met, ...), and the number of clusters: the clusters' order is their first unit's."""
+    if clusters is None:
+        return np.arange(n), n
+    codes = np.unique(clusters.astype(str), return_inverse=True)[1]
+    first = np.full(int(codes.max()) + 1 if n else 0, n)
+    np.minimum.at(first, codes, np.arange(n))
+    order = np.empty_like(first)
+    order[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return order[codes], int(first.size)
 
 
 @dataclass(frozen=True)
@@ -177,6 +237,7 @@ class GateInputs:
     lengths: LengthPairs | None = None  # candidate (cand) vs baseline (base)
     lengths_floor: LengthPairs | None = None  # baseline replicate vs baseline: reported
     tokens: TokenPairs | None = None
+    unusable: UnusableAnswers | None = None  # the candidate's answers that were not data (broken prompts)
     coverage: TokenCoverage | None = None  # None: not told (treated as requested and complete)
     rates: tuple[RatePairs, ...] = ()  # truncation, repetition loops, repeated bigrams (distinct-2)
     base_requests: RequestCounts | None = None

@@ -14,6 +14,7 @@ from typing import Any, Literal, Mapping
 from kvqual.errors import ConfigError
 
 Mode = Literal["default", "strict"]
+Betting = Literal["running", "per_look"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,10 @@ class GatePolicy:
     min_token_coverage: float = 0.8  # teacher forcing on: share of pairs whose token metrics must be usable
     looks: int = 5  # planned looks (rounds) of a sequential compare, at most; 1 = fixed-n
     first_look: int = 124  # items judged at the first look; each later look doubles it (gate/sequential.py)
-    token_cap: float = 10.0  # per-unit KL / top-1 values above this multiple of their bound count as it (PASS side)
+    token_cap: float = 10.0  # per-unit KL values above this multiple of the KL bound count as it (fixed before the data)
+    broken_kl: float = 0.1  # c₀: a prompt whose mean KL(base‖cand) is above this (nats/token) is broken
+    max_broken_share: float = 0.01  # π: the candidate may break at most this share of prompts beyond the A/A floor's
+    betting: Betting = "running"  # the token criteria's PASS side: one process over the looks at α, or one per look at α′
     min_speedup: float | None = None  # cand/base throughput ratio required; None: report only
     bootstrap_resamples: int = 0  # >0: cluster bootstrap for KL / top-1 instead of t intervals
 
@@ -68,7 +72,10 @@ _RANGES: Mapping[str, tuple[float, float, str]] = {
     "min_token_coverage": (0.0, 1.0 + 1e-12, "above 0 and at most 1"),
     "min_speedup": (0.0, math.inf, "positive"),
     "token_cap": (1.0, math.inf, "above 1 (a multiple of the bound)"),
+    "broken_kl": (0.0, math.inf, "positive (nats/token)"),
+    "max_broken_share": (0.0, 1.0, "between 0 and 1 (exclusive)"),
 }
+_CHOICES: Mapping[str, tuple[str, ...]] = {"mode": ("default", "strict"), "betting": ("running", "per_look")}
 _INTEGERS: Mapping[str, tuple[int, str]] = {"bootstrap_resamples": (100, "must be 0 (off) or at least 100"),
                                             "looks": (1, "must be at least 1"),
                                             "first_look": (2, "must be at least 2")}
@@ -76,9 +83,10 @@ _INTEGERS: Mapping[str, tuple[int, str]] = {"bootstrap_resamples": (100, "must b
 
 def _check(path: str, key: str, value: Any) -> Any:
     """Type- and range-check one `[gate]` value."""
-    if key == "mode":
-        if value not in ("default", "strict"):
-            raise ConfigError(path, f"gate.{key}", f"must be \"default\" or \"strict\", got {value!r}")
+    if key in _CHOICES:
+        if value not in _CHOICES[key]:
+            words = " or ".join(f'"{c}"' for c in _CHOICES[key])
+            raise ConfigError(path, f"gate.{key}", f"must be {words}, got {value!r}")
         return value
     if key in _INTEGERS:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -10,9 +10,11 @@ import math
 import numpy as np
 
 from kvqual import stats as st
-from kvqual.gate.criterion import Criterion, _cdf, _n_more, _quantile, _standardized, _unit, not_evaluated
-from kvqual.gate.inputs import TokenCoverage, TokenPairs, n_clusters
+from kvqual.gate.criterion import Criterion, Status, _cdf, _n_more, _quantile, _standardized, _unit, not_evaluated
+from kvqual.gate.inputs import (TokenCoverage, TokenPairs, UnusableAnswers, cluster_firsts, first_rank, n_clusters,
+                               seeded)
 from kvqual.gate.policy import GatePolicy
+from kvqual.gate.tail import broken_share, broken_units
 
 
 def _bet_n_more(est: float, upper: float, g: int, bound: float, cap: float, level: float) -> int | None:
@@ -29,26 +31,46 @@ def _bet_n_more(est: float, upper: float, g: int, bound: float, cap: float, leve
 
 
 def token_excess(name: str, bound: float, cand: np.ndarray, floor: np.ndarray, clusters: np.ndarray | None,
-                 level: float, detail: str, m: int, cap: float) -> Criterion:
+                 level: float, detail: str, m: int, cap: float, rank: np.ndarray | None = None,
+                 alpha: float | None = None) -> Criterion:
     """An at-most criterion on the mean excess of nonnegative per-unit values (mean KL, top-1
     disagreement) over their A/A floor, each independent unit (an item, or a shared context: the
-    mean of its units) weighing the same. Such values are right-skewed and, on a GPU A/A, almost all
-    exactly 0: a t bound is short on its PASS side, and a bound built from the sample's own spread is
-    undefined or infinite when nearly nothing varies. So each side has its own statistic
-    (docs/statistics.md, "Token criteria"):
+    mean of its units) weighing the same, each counted at most `cap`. Such values are right-skewed
+    and, on a GPU A/A, almost all exactly 0: a t bound is short on its PASS side, and a bound built
+    from the sample's own spread is undefined or infinite when nearly nothing varies. So each side
+    has its own statistic (docs/statistics.md, "Token criteria"):
     - PASS side (the upper bound): a betting confidence bound (`stats.UpperBet`), valid at any n and
-      any skew, for values at most `cap` (= token_cap × the bound) or the largest value seen, whichever
-      is larger: a mean of values unbounded above has no finite-sample upper bound, so what no unit has
-      shown is bounded by the cap, and a tail that did show is bounded as it is;
-    - FAIL side (the lower bound): the t statistic through Hall's skewness correction on the values
-      as they are; on right-skewed values it errs on the conservative side."""
+      any skew, on the values capped at `cap`, a cap fixed before the data: no finite-sample bound
+      exists for a mean of values unbounded above, so the quantity bounded, and printed, is the
+      **capped mean**; the units above the cap are broken prompts, which the tail criterion
+      (gate/tail.py) bounds in number. The units are bet on in the plan's seeded order (`rank`),
+      never in the order of their ids: betting needs an order fixed before the data.
+      `alpha` given: one running process over the looks, tested at α itself (the status is set
+      here); None: a process per look at `level`;
+    - FAIL side (the lower bound): the t statistic through Hall's skewness correction on the capped
+      values; on right-skewed values it errs on the conservative side, and a capped mean shown above
+      the bound puts the mean above it too."""
+    order = seeded(rank, cand.size)
+    cand, floor = cand[order], floor[order]
+    clusters = None if clusters is None else clusters[order]
     g, unit = _unit(clusters, cand.size)
     units = cand.size
-    if clusters is not None:  # one value per independent unit: the mean of its units
-        codes = np.unique(clusters.astype(str), return_inverse=True)[1]
+    running = alpha is not None
+    bet_on = None  # the PASS side's values, where they differ from `values`
+    if clusters is not None:  # one value per independent unit: the mean of its units, in first-appearance order
+        codes, _ = cluster_firsts(clusters, cand.size)
         size = np.bincount(codes)
+        if running:
+            # one path over the looks needs each cluster's value fixed when it first appears: the mean of its
+            # units of its first item (its first rank), a random member's, so still unbiased for its mean;
+            # the cluster's later items, which a later look adds, then never change a bet already made
+            ranks = np.arange(cand.size) if rank is None else np.asarray(rank)[order]
+            first = ranks == first_rank(codes, ranks)
+            fsize = np.bincount(codes, weights=first)
+            bet_on = np.minimum(np.bincount(codes, weights=(cand - floor) * first) / fsize, cap)
         cand, floor = np.bincount(codes, weights=cand) / size, np.bincount(codes, weights=floor) / size
-    values = cand - floor
+    raw = cand - floor
+    values = np.minimum(raw, cap)
     est = float(values.mean())
     if np.all(values == values[0]):
         se, df, skew = 0.0, float(g - 1), 0.0
@@ -58,19 +80,21 @@ def token_excess(name: str, bound: float, cand: np.ndarray, floor: np.ndarray, c
     gz = st.hall_transform(_standardized(est - bound, se), skew, g)
     p_fail = 1.0 - _cdf(gz, df)
     low = est - se * st.hall_inverse(_quantile(level, df), skew, g)
-    # the cap: `cap` (token_cap × the bound), raised to the largest value seen, so a tail that shows is
-    # bounded as it is and only what the sample cannot show is capped (the bound is then at least the one
-    # with the cap alone: the guarantee for the capped mean holds, stats.UpperBet)
-    top = max(cap, float(cand.max()))
-    bet = st.UpperBet(values, top, None, level)
+    bet = st.UpperBet(values if bet_on is None else bet_on, cap, None, alpha if running else level, running=running)
     high, p_pass = bet.upper(), bet.p_value(bound)
-    detail += (f"; upper bound by betting on values ≤ {top:.3g}" + (" (the largest seen)" if top > cap else "")
+    above = int(np.sum(raw > cap))
+    detail += (f"; each unit counted at most {cap:.3g} (the mean of the values as they are: {float(raw.mean()):.4g}"
+               + (f", {above} units above the cap" if above else "") + ")"
+               + ("; upper bound by one betting process over the looks at α" if running else
+                  "; upper bound by betting at this look's level")
                + (f", lower by Hall-corrected t (skewness {skew:.2f})" if skew else ""))
     if g < units:
-        detail += f"; {g} independent {unit}, each the mean of its units"
-    n_more = _bet_n_more(est, high, g, bound, top, level) if est < bound else \
+        detail += f"; {g} independent {unit}, each the mean of its units" + (
+            " (bet on as the mean of its first item's, fixed when it first appears)" if bet_on is not None else "")
+    n_more = _bet_n_more(est, high, g, bound, cap, alpha if running else level) if est < bound else \
         _n_more(est, se * math.sqrt(g), g, bound, False, level, m)
-    return Criterion(name, None, "inconclusive", "at_most", None, bound, est, low, high, 1 - 2 * level, p_pass, p_fail,
+    status: Status = "pass" if running and p_pass < alpha else "inconclusive"
+    return Criterion(name, None, status, "at_most", None, bound, est, low, high, 1 - 2 * level, p_pass, p_fail,
                      None, g, n_more, detail, "primary", unit, level)
 
 
@@ -97,13 +121,15 @@ TOKEN_CRITERIA = ("kl_excess", "top1_loss")
 
 
 def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy: GatePolicy, level: float, m: int,
-                   rng: np.random.Generator) -> list[Criterion]:
-    """kl_excess and top1_loss, each on the mean per-unit excess over the A/A floor.
+                   rng: np.random.Generator, unusable: UnusableAnswers | None = None) -> list[Criterion]:
+    """kl_excess and top1_loss, each on the mean per-unit excess over the A/A floor, and broken_share,
+    the share of prompts the candidate broke (gate/tail.py), all three from teacher forcing.
 
     A missing criterion is never a pass: with teacher forcing requested and fewer than
-    `min_token_coverage` of the pairs usable, both are INCONCLUSIVE with the reasons; only a
+    `min_token_coverage` of the pairs usable, all three are INCONCLUSIVE with the reasons; only a
     user who turned teacher forcing off gets them as not evaluated."""
-    bounds = {"kl_excess": policy.max_kl_excess, "top1_loss": policy.max_top1_loss}
+    bounds = {"kl_excess": policy.max_kl_excess, "top1_loss": policy.max_top1_loss,
+              "broken_share": policy.max_broken_share}
     if coverage is not None and not coverage.requested:
         return [not_evaluated(n, "at_most", None, b, "teacher forcing turned off (--no-teacher-forcing)")
                 for n, b in bounds.items()]
@@ -123,6 +149,20 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
                      f"min_token_coverage {policy.min_token_coverage:.0%}); run the same command again to retry them")
     out: list[Criterion] = []
     for name, bound in bounds.items():
+        if name == "broken_share":
+            if tp is not None and tp.kl_cand is None:
+                out.append(not_evaluated(name, "at_most", None, bound, tp.kl_missing or "KL not measured"))
+                continue
+            crit = broken_share(broken_units(tp, unusable, policy.broken_kl), policy, level, m)
+            if crit.status == "not_evaluated":  # requested, so never a pass by absence
+                crit = Criterion(name, None, "inconclusive", "at_most", None, bound, infrastructure=infrastructure,
+                                 detail=short or "no unit with per-prompt KL to judge")
+            elif short:
+                crit = dataclasses.replace(crit, status="inconclusive", p_pass=None, p_fail=None,
+                                           n_more=None if infrastructure else crit.n_more,
+                                           detail=f"{short}; {crit.detail}", infrastructure=infrastructure)
+            out.append(crit)
+            continue
         if name == "kl_excess" and tp is not None and tp.kl_cand is None:
             out.append(not_evaluated(name, "at_most", None, bound, tp.kl_missing or "KL not measured"))
             continue
@@ -140,9 +180,12 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
                                       detail, m)
         else:
             cand, flr_share = (tp.kl_cand, tp.kl_floor) if name == "kl_excess" else (1 - tp.top1_cand, 1 - tp.top1_floor)
-            crit = token_excess(name, bound, cand, flr_share, tp.clusters, level, detail, m, policy.token_cap * bound)
+            cap = policy.token_cap * bound if name == "kl_excess" else 1.0  # top-1 disagreement is a share: at most 1
+            crit = token_excess(name, bound, cand, flr_share, tp.clusters, level, detail, m, cap, tp.rank,
+                                policy.alpha if policy.betting == "running" else None)
         if short:  # shown, but never decided on a fraction of the pairs
-            crit = dataclasses.replace(crit, p_pass=None, p_fail=None, n_more=None if infrastructure else crit.n_more,
+            crit = dataclasses.replace(crit, status="inconclusive", p_pass=None, p_fail=None,
+                                       n_more=None if infrastructure else crit.n_more,
                                        detail=f"{short}; {crit.detail}", infrastructure=infrastructure)
         out.append(crit)
     return out

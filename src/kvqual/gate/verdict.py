@@ -79,7 +79,7 @@ def build(policy: GatePolicy, inputs: GateInputs, level: float, rng: np.random.G
     for arm, counts in (("baseline", inputs.base_requests), ("candidate", inputs.cand_requests)):
         out.append(cr.failed(arm, counts, policy, level) if counts is not None else cr.not_evaluated(
             f"failed_rate_{arm}", "at_most", None, policy.max_failed_rate, "request counts not given"))
-    out.extend(cr.token_criteria(inputs.tokens, inputs.coverage, policy, level, m, rng))
+    out.extend(cr.token_criteria(inputs.tokens, inputs.coverage, policy, level, m, rng, inputs.unusable))
     out.append(cr.pooled_accuracy(inputs.accuracy, policy, level, m))
     out.extend(cr.accuracy(pairs, policy, level, m, guard_or_primary) for pairs in inputs.accuracy)
     out.extend(cr.lengths(inputs.lengths, inputs.lengths_floor, policy, level, m) if inputs.lengths is not None
@@ -205,4 +205,14 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
         if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
             break
     assert verdict is not None
+    last = isinstance(plan, int) and len(looks) >= plan or isinstance(plan, tuple) and len(looks) >= len(plan)
+    if last and verdict.verdict == "INCONCLUSIVE" and not verdict.infrastructure:
+        # the plan is spent and requests still fail above the bound: more items cannot come, so the run
+        # is not trusted (run it again), never a request for more items
+        above = [c for c in verdict.criteria if c.name.startswith("failed_rate") and c.status == "inconclusive"
+                 and c.estimate is not None and c.estimate > policy.max_failed_rate]
+        if above:
+            criteria = tuple(dataclasses.replace(c, infrastructure=True) if c in above else c
+                             for c in verdict.criteria)
+            verdict = combine(policy, criteria)
     return dataclasses.replace(verdict, looks=tuple(rows))

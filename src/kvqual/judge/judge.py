@@ -22,9 +22,10 @@ from kvqual.judge import positions as pos
 from kvqual.judge import speed as sp
 from kvqual.judge.arms import MIN_REPRODUCED, Arm, forcing_from, rounded, usable
 from kvqual.judge.record import Judgement, LookPlan, RunSummary, attention_backend
+from kvqual.judge.tail import tail_summary
 from kvqual.errors import KvqualError
 from kvqual.gate import GatePolicy
-from kvqual.records import RunManifest
+from kvqual.records import RunManifest, unusable_answer
 from kvqual.store import SAMPLES, load_manifest, load_samples
 
 if TYPE_CHECKING:
@@ -114,7 +115,8 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
     cache = _through_cache(base_dir, bm, cm) if teacher_forcing else None
     loops = (mx.loop_flags(base_s), mx.loop_flags(cand_s), mx.loop_flags(aa_s) if aa_s is not None else {})
     diversity = mx.diversities(arm_b, arm_c, arm_a)
-    built = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops, diversity)
+    rank = {item: i for i, item in enumerate(order)}  # the units are bet on in this order (gate/tokens.py)
+    built = mx.build(arm_b, arm_c, arm_a, again, teacher_forcing, loops, diversity, rank)
     sections, inputs, plots, evidence = built.sections, built.inputs, built.plots, built.evidence
     if teacher_forcing and (refused or blind):
         inputs = _refused_coverage(inputs, tf_note or "")
@@ -125,7 +127,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         items_n = set(order[:n])
         keys = sorted(k for k in base_s if (k[0], k[1]) in items_n)
         look = inputs if n == sizes[-1] else mx.gate_inputs(arm_b, arm_c, arm_a, again, keys, teacher_forcing, loops,
-                                                             evidence, diversity)
+                                                             evidence, diversity, rank)
         if teacher_forcing and (refused or blind) and n != sizes[-1]:
             look = _refused_coverage(look, tf_note or "")
         if steady is not None:
@@ -162,6 +164,13 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
         speed = {"baseline": sb, "candidate": sc, "ratio": ratio, "comparable": comparable,
                  "note": "; ".join(notes) or None, "slower": slower}
     cov = inputs.coverage
+    tail = None
+    if teacher_forcing and evidence is not None and not (refused or blind):
+        judged_keys = sorted(k for k in base_s if (k[0], k[1]) in judged)
+        lost = {k: cand_s[k].error or "" for k in mx.unusable_candidates(arm_b, arm_c, judged_keys)}
+        lost.update({k: f.reason or "" for k, f in forced_c.items() if k in base_s and (k[0], k[1]) in judged
+                     and k not in evidence.ab_means and unusable_answer(f.reason)})
+        tail = tail_summary(evidence.ab_means, evidence.aa_means, judged_keys, base_s, cand_s, lost, policy.broken_kl)
     unfit = {k: v for k, v in mx.does_not_fit(arm_b, arm_c, arm_a).items() if k in judged}
     methods = Counter(f.method for k, f in forced_c.items() if f.method and (k[0], k[1]) in judged)
     return Judgement(
@@ -195,7 +204,7 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             "warnings": (list(warnings or []) + ([tf_note] if (refused or blind) and tf_note else [])
                          + ([evicted] if (evicted := evicted_scoring(bm, cm, cache)) else [])
                          + ([stepped] if (stepped := stepped_scoring(bm, cm, cache)) else [])),
-            "suites": sections, "speed": speed, "plots": plots, "examples": built.examples,
+            "suites": sections, "tail": tail, "speed": speed, "plots": plots, "examples": built.examples,
             **({"steady_speed": speed_from.to_json()} if speed_from is not None else {})})
 
 
@@ -326,7 +335,7 @@ def _refused_coverage(inputs: Any, why: str) -> Any:
     from kvqual.gate import TokenCoverage
 
     n = inputs.coverage.pairs if inputs.coverage is not None else 0
-    return replace(inputs, tokens=None, coverage=TokenCoverage(True, n, 0, Counter({why: n})))
+    return replace(inputs, tokens=None, unusable=None, coverage=TokenCoverage(True, n, 0, Counter({why: n})))
 
 
 def slower_flag(ratio: Mapping[str, Any], min_speedup: float | None, steady: str | None = None) -> str | None:

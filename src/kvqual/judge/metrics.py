@@ -19,7 +19,7 @@ from kvqual.judge import tokens as tk
 from kvqual.judge.arms import Arm, Forcing, Key, clusters_of, rounded
 from kvqual.judge.cache import cache_pairs
 from kvqual.judge.teacher import TokenEvidence, token_evidence, token_metrics, token_pairs
-from kvqual.records import Sample, refused_limit
+from kvqual.records import Sample, refused_limit, unusable_answer
 
 Diversity = tuple[Mapping[Key, float | None], Mapping[Key, float | None], Mapping[Key, float | None]]  # distinct-2 by arm
 OVERALL = "overall"
@@ -170,13 +170,23 @@ def loop_flags(samples: Mapping[Key, Sample]) -> dict[Key, bool]:
     return {k: tk.text_repetition_loop(s.text or "") is not None for k, s in samples.items() if s.ok}
 
 
+def unusable_candidates(base: Arm, cand: Arm, keys: list[Key]) -> list[Key]:
+    """Units the baseline answered and the candidate answered with something that is not data (NaN
+    logprobs, a body that is not JSON): the candidate's own outcome, a broken prompt and a wrong
+    answer, never a failed request (gate/tail.py)."""
+    return [k for k in keys if k in base.samples and base.samples[k].ok and k in cand.samples
+            and unusable_answer(cand.samples[k].error)]
+
+
 def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None,
                 keys: list[Key], teacher_forcing: bool = True,
                 loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None,
-                evidence: TokenEvidence | None = None, diversity: Diversity | None = None) -> GateInputs:
+                evidence: TokenEvidence | None = None, diversity: Diversity | None = None,
+                rank: Mapping[tuple[str, str], int] | None = None) -> GateInputs:
     """The gate's inputs over `keys` (every unit judged at one look): paired by key, clustered by
     item. `evidence`: the teacher-forced comparisons over all keys, `loops` and `diversity` each
-    arm's loop flags and distinct-2 by key, where the caller has them."""
+    arm's loop flags and distinct-2 by key, where the caller has them; `rank` each item's place in
+    the plan's seeded order (the token criteria bet on the units in that order)."""
     loops = loops or (loop_flags(base.samples), loop_flags(cand.samples), loop_flags(aa.samples) if aa else {})
     diversity = diversity or diversities(base, cand, aa)
     unfit = does_not_fit(base, cand, aa)
@@ -185,12 +195,16 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
     ab_all, _ = _pairs(base.samples, cand.samples, keys)
     aa_keys = [k for k in keys if aa is not None and k in aa.samples]
     aa_all, _ = _pairs(base.samples, aa.samples, aa_keys) if aa is not None else ([], 0)
+    unusable = unusable_candidates(base, cand, keys)
     accuracy = []
     for suite in suites:
         scored = [(a, b) for a, b in ab_all if a.suite == suite and a.score is not None and b.score is not None]
-        if scored:
-            accuracy.append(AccuracyPairs(suite, [a.score >= 0.5 for a, _ in scored],
-                                          [b.score >= 0.5 for _, b in scored], clusters_of([a for a, _ in scored])))
+        # a scored item the candidate answered with no data: a wrong answer of the candidate's
+        lost = [base.samples[k] for k in unusable if k[0] == suite and base.samples[k].score is not None]
+        if scored or lost:
+            accuracy.append(AccuracyPairs(suite, [a.score >= 0.5 for a, _ in scored] + [a.score >= 0.5 for a in lost],
+                                          [b.score >= 0.5 for _, b in scored] + [False] * len(lost),
+                                          clusters_of([a for a, _ in scored] + lost)))
     lengths = LengthPairs([a.completion_tokens or 0 for a, _ in ab_all], [b.completion_tokens or 0 for _, b in ab_all],
                           clusters_of([a for a, _ in ab_all])) if len(ab_all) >= 2 else None
     floor = LengthPairs([a.completion_tokens or 0 for a, _ in aa_all], [b.completion_tokens or 0 for _, b in aa_all],
@@ -208,19 +222,20 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
         bigrams = _repeated_bigrams(ab_all, aa_all, diversity)
         if bigrams is not None:
             rates.append(bigrams)
-    tokens, coverage, cache = None, TokenCoverage(requested=False), None
+    tokens, coverage, cache, lost_answers = None, TokenCoverage(requested=False), None, None
     if teacher_forcing:
         pair_keys = [a.key for a, _ in ab_all]
         evidence = evidence or token_evidence(base, cand, base_forced_again, pair_keys)
-        tokens, coverage = token_pairs(base, cand, evidence, pair_keys)
+        tokens, coverage, lost_answers = token_pairs(base, cand, evidence, pair_keys, rank, unusable)
         cache = cache_pairs(evidence.cache, base, cand, pair_keys)
+    lost = set(unusable)
     return GateInputs(
         accuracy=tuple(accuracy), lengths=lengths, lengths_floor=floor, tokens=tokens, coverage=coverage,
-        rates=tuple(rates), cache=cache,
+        rates=tuple(rates), cache=cache, unusable=lost_answers,
         base_requests=RequestCounts(sum(1 for k in keys if k in base.samples and not base.samples[k].ok),
                                     sum(1 for k in keys if k in base.samples), _retries(base.samples, keys)),
-        cand_requests=RequestCounts(sum(1 for k in keys if k not in cand.samples or not cand.samples[k].ok), len(keys),
-                                    _retries(cand.samples, keys)),
+        cand_requests=RequestCounts(sum(1 for k in keys if (k not in cand.samples or not cand.samples[k].ok)
+                                        and k not in lost), len(keys), _retries(cand.samples, keys)),
     )
 
 
@@ -280,8 +295,9 @@ class Built(NamedTuple):
 
 def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | None, teacher_forcing: bool = True,
           loops: tuple[Mapping[Key, bool], Mapping[Key, bool], Mapping[Key, bool]] | None = None,
-          diversity: Diversity | None = None) -> Built:
-    """Everything the report says about the pairs, each piece computed once (`Built`)."""
+          diversity: Diversity | None = None, rank: Mapping[tuple[str, str], int] | None = None) -> Built:
+    """Everything the report says about the pairs, each piece computed once (`Built`); `rank` as
+    `gate_inputs` takes it."""
     keys = sorted(base.samples)
     suites = sorted({k[0] for k in keys})
     ab_all, _ = _pairs(base.samples, cand.samples, keys)
@@ -317,7 +333,8 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
                 "aa_failed": sum(1 for k in aak if not aa.samples[k].ok) if aa is not None else None,
                 "pairs": len(ab), "dropped_pairs": dropped},
         }
-    inputs = gate_inputs(base, cand, aa, base_forced_again, keys, teacher_forcing, loops, evidence, diversity)
+    inputs = gate_inputs(base, cand, aa, base_forced_again, keys, teacher_forcing, loops, evidence, diversity,
+                         rank)
     evidence = evidence if teacher_forcing else None
     plots = {
         "lengths": {"base": [a.completion_tokens or 0 for a, _ in ab_all],

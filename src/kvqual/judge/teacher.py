@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from kvqual.forced import FAILED, Forced
-from kvqual.gate import TokenCoverage, TokenPairs
+from kvqual.gate import TokenCoverage, TokenPairs, UnusableAnswers
 from kvqual.judge import positions as pos
 from kvqual.judge import tokens as tk
 from kvqual.judge.arms import MIN_REPRODUCED, Arm, Forcing, Key, clusters_of, floor_reproduced, rounded, same_windows, usable
 from kvqual.judge.cache import CacheEvidence, cache_evidence
+from kvqual.records import unusable_answer
 
 
 WINDOWS_DIFFER = "scored in different windows (the servers admit different prompt lengths)"
@@ -103,15 +104,23 @@ def _unpaired_reason(ref: Forcing, other: Forcing, k: Key) -> str:
 
 
 
-def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tuple[TokenPairs | None, TokenCoverage]:
-    """Per-unit KL and top-1 against the A/A floor, and why the pairs left out were left out.
+def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key],
+                rank: Mapping[tuple[str, str], int] | None = None, unusable: Sequence[Key] = (),
+                ) -> tuple[TokenPairs | None, TokenCoverage, UnusableAnswers | None]:
+    """Per-unit KL and top-1 against the A/A floor, why the pairs left out were left out, and the
+    units the candidate answered with something that is not data.
 
     The floor is the second teacher-forcing pass on the baseline server. When that pass
     reproduced the first bit for bit on at least MIN_REPRODUCED items, the server scores
-    deterministically: the floor is 0 on every item (measured on those, implied elsewhere)."""
+    deterministically: the floor is 0 on every item (measured on those, implied elsewhere).
+    `unusable`: units whose candidate generation was not data (the judge's `unusable_candidates`);
+    a candidate's teacher-forcing answer that was not data counts so too. Both are broken prompts
+    (gate/tail.py), judged and so counted as usable, never a teacher-forcing failure.
+    `rank`: each item's place in the plan's seeded order, carried with every unit."""
     reasons: Counter = Counter()
     rows = []
     again = ev.again
+    bad = list(unusable)
     for k in keys:
         fb, fc = base.forced.records.get(k), cand.forced.records.get(k)
         if fb is None or fc is None:
@@ -119,6 +128,9 @@ def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tup
             continue
         ab = ev.ab_means.get(k)
         if ab is None:
+            if fb.reason is None and unusable_answer(fc.reason):
+                bad.append(k)
+                continue
             reasons[fb.reason or fc.reason or _unpaired_reason(base.forced, cand.forced, k)] += 1
             continue
         if k in again:
@@ -133,11 +145,14 @@ def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tup
             continue
         rows.append((k, ab[0], aa[0], ab[1], aa[1]))
     failed = sum(n for why, n in reasons.items() if str(why).startswith(FAILED))
-    coverage = TokenCoverage(True, len(keys), len(rows), reasons, failed)
+    coverage = TokenCoverage(True, len(keys) + len(unusable), len(rows) + len(bad), reasons, failed)
+    place = (lambda k: rank.get((k[0], k[1]), len(rank))) if rank is not None else None
+    lost = UnusableAnswers(clusters_of([base.samples[k] for k in bad]),
+                           [place(k) for k in bad] if place else None) if bad else None
     if len(rows) < 2:
-        return None, coverage
+        return None, coverage, lost
     note = (f"A/A floor: the second pass reproduced the first bit for bit on {len(again)} items, so the floor is 0"
             if ev.reproduced else f"A/A floor measured on {sum(1 for r in rows if r[0] in again)} pairs")
     return TokenPairs(kl_cand=[r[1] for r in rows], kl_floor=[r[2] for r in rows], top1_cand=[r[3] for r in rows],
                       top1_floor=[r[4] for r in rows], clusters=clusters_of([base.samples[r[0]] for r in rows]),
-                      floor_note=note), coverage
+                      floor_note=note, rank=[place(r[0]) for r in rows] if place else None), coverage, lost

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from kvqual.report.summary import capacity_line, criterion_rows, fit_line, sequential_line, teacher_line
+from kvqual.report.summary import capacity_line, criterion_rows, fit_line, sequential_line, tail_line, teacher_line
 
 
 def console_summary(report: Mapping[str, Any]) -> str:
     """The summary `compare` and `report` print (stdout; stderr with --json)."""
     v = report["verdict"]
     lines = [f"{v['verdict']}: {v['reason']}"]
-    for line in (teacher_line(report), fit_line(report)):
+    for line in (teacher_line(report), tail_line(report), fit_line(report)):
         if line:
             lines.append(line)
     slower = (report.get("speed") or {}).get("slower")

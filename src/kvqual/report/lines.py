@@ -103,3 +103,35 @@ def trajectory_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
             row.append(f"{fmt_quantity(c.get('estimate'), q)} {ci} {c.get('status', '')}".strip())
         rows.append(row)
     return ["look", "items", "verdict"] + [label for label, _ in primary], rows
+
+
+def tail_line(report: Mapping[str, Any]) -> str | None:
+    """One line on the per-prompt tail a mean hides (report.json `tail`): the per-prompt KL's p50,
+    p99 and maximum, how many prompts broke (and in the A/A floor), and the worst prompts by id."""
+    t = report.get("tail")
+    if not t:
+        return None
+    kl, miss = t.get("kl") or {}, t.get("top1_disagreement") or {}
+    unusable = t.get("unusable_count") or 0
+    broken = (f"{t['broken']} broken (mean KL above {t['broken_kl']:g} nats/token"
+              + (f", {unusable} of them answers that were not data" if unusable else "")
+              + f"), {t.get('broken_floor', 0)} in the A/A floor")
+    worst = ", ".join(f"{w['suite']}/{w['id']} ({fmt_num(w['kl'])})" for w in (t.get("worst") or [])[:3])
+    return (f"per prompt over {t['prompts']} prompts: KL p50 {fmt_num(kl.get('p50'))}, p99 {fmt_num(kl.get('p99'))}, "
+            f"max {fmt_num(kl.get('max'))} nats/token; top-1 disagreement p99 {fmt_num(miss.get('p99'))}, "
+            f"max {fmt_num(miss.get('max'))}; {broken}" + (f"; worst: {worst}" if worst else ""))
+
+
+TAIL_HEADER = ["Prompt", "KL (nats/token)", "A/A KL", "Same top-1", "Baseline output", "Candidate output"]
+
+
+def tail_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    """The worst prompts by KL, then every candidate answer that was not data, as table rows."""
+    t = report.get("tail") or {}
+    rows = [[f"{w['suite']}/{w['id']}" + (f" #{w['repeat']}" if w.get("repeat") else "") + (" (broken)" if w.get("broken") else ""),
+             fmt_num(w.get("kl")), fmt_num(w.get("kl_floor")), fmt_num(w.get("same_top1")),
+             (w.get("base_text") or "").strip()[:80], (w.get("cand_text") or "").strip()[:80]]
+            for w in t.get("worst") or []]
+    rows += [[f"{u['suite']}/{u['id']} (broken)", "—", "—", "—", "", f"not data: {u.get('error') or ''}"[:120]]
+             for u in t.get("unusable") or []]
+    return rows

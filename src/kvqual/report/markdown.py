@@ -102,7 +102,8 @@ def _head(report: Mapping[str, Any]) -> list[str]:
     lines = [f"## kvqual: **{verdict}** — {inline(S.title(report))} (exit code {S.exit_code(report)})", "",
              f"- **Why:** {inline(decision.why)}",
              f"- **Next:** {inline(decision.next_step)}"]
-    extras = (S.teacher_line(report), S.fit_line(report), S.sequential_line(report), S.capacity_line(report))
+    extras = (S.teacher_line(report), S.tail_line(report), S.fit_line(report), S.sequential_line(report),
+              S.capacity_line(report))
     lines += [f"- {inline(x)}" for x in extras if x]
     speed = _speed_bullet(report)
     if speed:
@@ -229,10 +230,19 @@ def _folded_tail(report: Mapping[str, Any], cap: int | None) -> list[str]:
     return out + details("Reproduce", [code_block(str(report.get("command") or "(command not recorded)"))])
 
 
+def _worst_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
+    """The worst prompts by KL and the candidate's answers that were not data: which prompts broke."""
+    rows = S.tail_rows(report)
+    if not rows:
+        return []
+    shown = rows if cap is None else rows[:max(cap, 3)]
+    return ["### The tail: the worst prompts", ""] + table(S.TAIL_HEADER, [[inline(c) for c in r] for r in shown])
+
+
 def _render(report: Mapping[str, Any], cap: int | None) -> str:
     lines: list[str] = []
-    for section in (_head(report), _criteria_section(report, cap), _compared_section(report),
-                    _folded_tail(report, cap)):
+    for section in (_head(report), _criteria_section(report, cap), _worst_section(report, cap),
+                    _compared_section(report), _folded_tail(report, cap)):
         lines += section + [""]
     version = report.get("kvqual_version") or F.MISSING
     created = report.get("created_at") or F.MISSING

@@ -31,10 +31,18 @@ class UpperBet:
     ≈ cap·log(1/α)/(c·G) when nothing varies, and a spread-out sample one close to the t bound
     as G grows. What it needs is the cap: a mean of values unbounded above has no finite-sample
     upper bound at all (a rare huge value can carry it), so a criterion caps its values first
-    and says what the cap means (gate/criteria.py)."""
+    and says what the cap means (gate/criteria.py).
+
+    `running`: one process over the clusters in their given order, its bets sized by the clusters
+    so far (λ_g = √(2 log(1/α) / (σ̂²_{g−1} · g · log(1 + g))), Waudby-Smith & Ramdas' anytime
+    choice) and never by their number, so the capital after the first G clusters is the same
+    whatever follows; the evidence is the highest capital on the path, sup_g K_g(m), which Ville's
+    inequality bounds at 1/α under H0 too. Given clusters in a fixed order (the plan's seeded
+    order), the looks of a sequential compare see one process: a look may test at α itself, and
+    an earlier look's "shown inside" stays valid at every later one."""
 
     def __init__(self, values: ArrayLike, cap: float, clusters: ArrayLike | None = None,
-                 level: float = 0.05) -> None:
+                 level: float = 0.05, running: bool = False) -> None:
         x = np.asarray(values, dtype=float)
         if x.size == 0:
             raise ValueError("no values")
@@ -57,8 +65,13 @@ class UpperBet:
         mu_after = (0.5 + np.cumsum(self.y)) / np.arange(2, n + 2)
         dev = np.concatenate([[0.0], np.cumsum((self.y - mu_after) ** 2)[:-1]])
         var = (0.25 + dev) / np.arange(1, n + 1)
-        self.lam = np.sqrt(2 * math.log(1 / level) / (n * var))
+        if running:  # sized by the clusters so far only, never by n: the same process at every look
+            g = np.arange(1, n + 1)
+            self.lam = np.sqrt(2 * math.log(1 / level) / (var * g * np.log1p(g)))
+        else:
+            self.lam = np.sqrt(2 * math.log(1 / level) / (n * var))
         self.level = level
+        self.running = running
 
     def log_capital(self, m: float) -> float:
         """log K(m): the evidence against a mean of m or more."""
@@ -66,7 +79,10 @@ class UpperBet:
         if u >= 1:
             return math.inf
         lam = np.minimum(self.lam, BET_TRUNCATION / (1 - u))
-        return float(np.sum(np.log1p(lam * (u - self.y))))
+        steps = np.log1p(lam * (u - self.y))
+        if self.running:  # Ville bounds the whole path: its highest point is the evidence
+            return float(max(0.0, np.max(np.cumsum(steps))))
+        return float(np.sum(steps))
 
     def p_value(self, m: float) -> float:
         """One-sided p-value of H0: mean ≥ m (Ville: min(1, 1/K))."""
