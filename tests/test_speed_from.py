@@ -230,10 +230,11 @@ def test_compare_gates_speedup_on_the_load_json(tmp_path, fake_server, capsys, m
     monkeypatch.setenv("CI", "true")
     base = fake_server("--kv-cache-dtype", "bf16")
     cand = fake_server("--kv-cache-dtype", "fp8_e4m3")
-    _config(tmp_path, base.base_url, cand.base_url)
-    (tmp_path / "gated.toml").write_text((tmp_path / "kvqual.toml").read_text() + "[gate]\nmin_speedup = 1.3\n")
+    # 120 prompts bound the share of broken ones at 4%, not the default 1% (gate/tail.py): the subject is speed
+    _config(tmp_path, base.base_url, cand.base_url, "[gate]\nmax_broken_share = 0.04\n")
+    (tmp_path / "gated.toml").write_text((tmp_path / "kvqual.toml").read_text() + "min_speedup = 1.3\n")
     write_suite(tmp_path / "s.jsonl", [{"id": f"q{i}", "prompt": f"Question {i}: [[answer={i}]] A:", "answer": str(i),
-                                        "scorer": "exact"} for i in range(80)])
+                                        "scorer": "exact"} for i in range(120)])
     info = {name: asyncio.run(probe.describe(s.base_url, "")) for name, s in (("base", base), ("cand", cand))}
     def arm(name, server, dtype, batches):  # as `kvqual load base cand` against these two servers writes it
         return _arm(name, batches, _identity(name, server.base_url, dtype), {

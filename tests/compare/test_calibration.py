@@ -97,14 +97,15 @@ def test_aa_false_fail_within_alpha_on_a_noisy_server_with_sequential_looks() ->
     assert c.verdicts["PASS"] >= 0.5 * sims, c.verdicts  # decided: not a gate that never answers
 
 
-def test_aa_passes_at_the_first_look_on_a_gpu_pattern_and_a_deterministic_server() -> None:
-    """The acceptance the gate was redesigned for: an unchanged config PASSes, early, where
-    almost every output is identical (GPU) or all are (the embedded default)."""
+def test_aa_passes_by_the_third_look_on_a_gpu_pattern_and_a_deterministic_server() -> None:
+    """An unchanged config PASSes where almost every output is identical (GPU) or all are (the embedded
+    default), by 511 items: the third look, the first whose ~400 prompts bound the share of broken ones
+    at 1% (gate/tail.py); never at the first, whose 124 prompts bound it only at ~4%."""
     sims = 100
     for seed, noise in ((106, calibrate.DETERMINISTIC), (111, calibrate.GPU)):
         c = _verdicts(seed, sims, noise, sequential=True, pool=calibrate.DEFAULT_POOL)
-        assert c.verdicts["PASS"] >= _min_count(sims, 0.95) and c.verdicts["FAIL"] == 0, (noise.key, c.verdicts)
-        assert np.mean(c.items) < 200, (noise.key, np.mean(c.items))  # mostly at the first look, 124 items
+        assert c.pass_by(511) >= 0.95 and c.verdicts["FAIL"] == 0, (noise.key, c.verdicts, c.pass_items[:10])
+        assert min(c.pass_items) > 252, (noise.key, min(c.pass_items))  # a PASS never rests on too few prompts
 
 
 def test_fail_tests_at_their_size_keep_the_family_at_alpha() -> None:

@@ -6,7 +6,7 @@ from test_compare import kvqual, report_of, setup
 
 
 def test_a_finished_compare_run_again_judges_its_files_without_any_server(tmp_path, fake_server):
-    base, cand = setup(tmp_path, fake_server, [], n=160)
+    base, cand = setup(tmp_path, fake_server, [], n=160, broken_share=0.03)
     first = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
     assert first.returncode == 0, first.stdout + first.stderr
     before = report_of(tmp_path)
@@ -23,7 +23,7 @@ def test_a_finished_compare_run_again_judges_its_files_without_any_server(tmp_pa
 
 
 def test_another_policy_or_rerun_asks_the_servers_again(tmp_path, fake_server):
-    base, cand = setup(tmp_path, fake_server, [], n=160)
+    base, cand = setup(tmp_path, fake_server, [], n=160, broken_share=0.03)
     first = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
     assert first.returncode == 0, first.stdout + first.stderr
     base.stop()

@@ -46,12 +46,13 @@ class Compare:
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compare]:
     """One real compare: a suite with answers and one without, a candidate that answers 30% wrong and
     drifts in its logprobs (so flips, examples and KL exist), Prometheus /metrics on both, a prompt
-    longer than the servers' 300-token context, and `min_speedup` set (so the speedup criterion is
+    longer than the servers' 300-token context, NaN logprobs on 5% of the candidate's prompts (so the
+    report lists answers that were not data), and `min_speedup` set (so the speedup criterion is
     judged). About 10 s."""
     folder = tmp_path_factory.mktemp("real-compare")
     base = start_fake("--kv-cache-dtype", "bf16", "--metrics", "--max-model-len", "300")
     cand = start_fake("--kv-cache-dtype", "fp8_e4m3", "--wrong-rate", "0.3", "--logprob-noise", "0.3", "--metrics",
-                      "--max-model-len", "300")
+                      "--max-model-len", "300", "--nan-rate", "0.05")
     try:
         write_suite(folder / "arith.jsonl", [{"id": f"q{i}", "prompt": f"Question {i}: [[answer={i}]] A:",
                                               "answer": str(i), "scorer": "exact"} for i in range(40)])

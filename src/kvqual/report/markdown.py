@@ -236,7 +236,8 @@ def _worst_section(report: Mapping[str, Any], cap: int | None) -> list[str]:
     if not rows:
         return []
     shown = rows if cap is None else rows[:max(cap, 3)]
-    return ["### The tail: the worst prompts", ""] + table(S.TAIL_HEADER, [[inline(c) for c in r] for r in shown])
+    return details(f"The tail: the worst prompts ({len(rows)} listed)",
+                   table(S.TAIL_HEADER, [[inline(c) for c in r] for r in shown]))
 
 
 def _render(report: Mapping[str, Any], cap: int | None) -> str:
