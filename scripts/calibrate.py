@@ -677,8 +677,19 @@ TAILS = {
     "NaN logprobs on 2% of prompts": dataclasses.replace(WORKING, unusable=0.02),
     "NaN logprobs on 3% of prompts": dataclasses.replace(WORKING, unusable=0.03),
 }
-TAIL_SHARE = {"1% of": 0.01, "0.5% at": 0.005, "0.25% at": 0.0025, "shared": 0.0, "3% of": 0.03, "NaN logprobs on 2%": 0.02,
-              "NaN logprobs on 3%": 0.03}  # each cell's broken share (KL above broken_kl), by its label's start
+
+
+def broken_truth(effect: Effect, noise: Noise = GPU, pools: int = 5, seed: int = 0) -> float:
+    """A cell's true share of broken prompts (KL above broken_kl in the candidate and not in the floor, or an
+    answer that is not data), over `pools` simulated pools of the default size: what `broken_share` estimates."""
+    rng = np.random.default_rng(seed)
+    shares = []
+    for _ in range(pools):
+        sim = simulate(rng, DEFAULT_POOL, noise, effect)
+        lost = sim.cand_lost if sim.cand_lost is not None else np.zeros(sim.kl_cand.size, bool)
+        broken = lost | ((sim.kl_cand > POLICY.broken_kl) & ~(sim.kl_floor > POLICY.broken_kl))
+        shares.append(float(broken.mean()))
+    return float(np.mean(shares))
 PER_LOOK = dataclasses.replace(POLICY, betting="per_look")
 DESIGN_CELLS = {"A/A, deterministic": (DETERMINISTIC, Effect()), "A/A, GPU pattern": (GPU, Effect()),
                 WORKING_LABEL: (GPU, WORKING), f"KL excess on its bound ({POLICY.max_kl_excess:g})":
@@ -1136,15 +1147,15 @@ def _tails_section(res: dict[str, Any], lim: float) -> str:
     """§6: the tail and the candidate's failures (issue 50's cells)."""
     P = POLICY
     rows = []
+    truth = {label: broken_truth(eff) for label, eff in TAILS.items()}
     for label, cells in res["tails"].items():
-        share = next(v for k, v in TAIL_SHARE.items() if label.startswith(k))
+        share = truth[label]
         for d in (False, True):
             c = cells[d]
             rows.append([label if d is False else "", f"{share:.2%}" if d is False else "",
                          "fixed-n" if d is False else "sequential", c.fmt("FAIL"), c.fmt("PASS"), c.fmt("INCONCLUSIVE"),
                          c.fmt_mean("items"), _top_failed(c)])
-    over = [(label, cells) for label, cells in res["tails"].items()
-            if next(v for k, v in TAIL_SHARE.items() if label.startswith(k)) > P.max_broken_share]
+    over = [(label, cells) for label, cells in res["tails"].items() if truth[label] > P.max_broken_share]
     worst = max(c.rate("PASS") for _, cells in over for c in cells.values())
     first = {label: float(np.mean(np.asarray(cells[True].looks) == 1) * cells[True].rate("FAIL"))
              for label, cells in over}
