@@ -150,3 +150,27 @@ def test_an_undecided_failure_rate_at_the_last_planned_look_is_infrastructure_no
 def test_a_candidate_answering_nan_on_three_percent_fails_instead_of_exit_4():
     v = decide(GatePolicy(looks=1), _inputs(1000, unusable=30), RNG(0))
     assert v.verdict == "FAIL" and v.exit_code == 1 and "broken_share" in v.reason, v.reason
+
+
+def test_unusable_answer_reads_the_messages_kvqual_really_stores():
+    """Built from what the code produces: client.check_finite's and bodies.decode_json's errors, classified
+    by retry.classify (what runner.request_one stores), and the teacher-forcing reason forcing writes."""
+    from kvqual.bodies import check_model, decode_json
+    from kvqual.client import check_finite
+    from kvqual.errors import InvalidResponse
+    from kvqual.forced import FAILED
+    from kvqual.records import TokenLogprobs, unusable_answer
+    from kvqual.retry import classify
+
+    def stored(fn):
+        with pytest.raises(InvalidResponse) as exc:
+            fn()
+        return classify(exc.value).message
+
+    nan = stored(lambda: check_finite(TokenLogprobs((" 4",), (float("nan"),), ({" 4": float("nan")},)), "http://s/v1"))
+    body = stored(lambda: decode_json(b'{"choices": [{"logprobs": {"token_logprobs": [NaN]}}]}', "http://s/v1"))
+    other = stored(lambda: check_model("m", {"model": "another"}, "http://s/v1"))
+    assert unusable_answer(nan) and unusable_answer(body) and unusable_answer(f"{FAILED}: {nan}")
+    assert not unusable_answer(other)  # another model answering is the config's fault, not the candidate's output
+    assert not unusable_answer("connection error: Server disconnected") and not unusable_answer("HTTP 500: boom")
+    assert not unusable_answer(None)

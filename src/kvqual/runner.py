@@ -157,11 +157,14 @@ def progress_mode(progress: bool | None) -> str:
 
 
 async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress: bool | None = None,
-                  items_upto: int | None = None, on_done: Callable[[], None] | None = None) -> RunManifest:
+                  items_upto: int | None = None, on_done: Callable[[], None] | None = None,
+                  judged: bool = False) -> RunManifest:
     """Send every unanswered unit of `plan` (of its first `items_upto` items: one round of a
     sequential compare); returns the manifest (also on disk): status "complete" once every unit of
     the plan is answered, "partial" while later rounds are still to come. `on_done` is called per
-    answer stored (a compare's overall progress)."""
+    answer stored (a compare's overall progress). Too many failures are an `InfrastructureError`:
+    above `max_failed_rate` for a run of its own; for a compare's round (`judged`), failures other
+    than answers that are not data, shown above it (the gate judges the rest at every look)."""
     wanted = plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction, items_upto)
     all_units = len(wanted) if items_upto is None else len(
         plan_units(plan.suites, plan.params.repeats, plan.params.seed, plan.fraction))
@@ -269,10 +272,13 @@ async def execute(plan: RunPlan, store: RunStore, run: RunDefaults, *, progress:
         store.close()
         if interrupted is not None:
             raise interrupted
-    # an answer that is not data (NaN logprobs) is the server's own outcome, judged by the gate (a broken prompt
-    # of the candidate's); the rest stop the run only once shown above the bound, not on a small look's share
-    lost = sum(1 for e in last_errors(store.run_dir) if not unusable_answer(e)) if failed_rate > run.max_failed_rate else 0
-    if failures_shown_above(lost, total, run.max_failed_rate):
+    # in a compare (`judged`) an answer that is not data (NaN logprobs) is the server's own outcome, which the gate
+    # judges (a candidate's broken prompt), and the rest stop a round only once shown above the bound, never on a
+    # first look's share (2 of 124 at a 0.5% fault rate): the gate judges the failure rate at every look
+    lost = total - len(store.done)
+    if judged and failed_rate > run.max_failed_rate:
+        lost = sum(1 for e in last_errors(store.run_dir) if not unusable_answer(e))
+    if failures_shown_above(lost, total, run.max_failed_rate) if judged else failed_rate > run.max_failed_rate:
         raise InfrastructureError(
             f"{plan.target.name}: {total - len(store.done)} of {total} requests failed "
             f"({failed_rate:.1%} > max_failed_rate {run.max_failed_rate:.1%}: "
@@ -308,9 +314,10 @@ def new_manifest(plan: RunPlan, concurrency: int, server_info: dict[str, Any]) -
 async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDefaults, *, limit: int | None = None,
                      replicate: int = 0, fraction: float = 1.0, rerun: bool = False,
                      progress: bool | None = None, items_upto: int | None = None,
-                     on_done: Callable[[], None] | None = None) -> RunManifest:
+                     on_done: Callable[[], None] | None = None, judged: bool = False) -> RunManifest:
     """Probe the target, find (or create) its run folder, and send what is not answered yet
-    (of the first `items_upto` items in the seeded order, when given: one round)."""
+    (of the first `items_upto` items in the seeded order, when given: one round). `judged`: a round of
+    a compare, whose gate judges the failures (`execute`)."""
     from kvqual import probe
 
     info = await probe.describe(target.base_url, target.api_key(), timeout=min(run.timeout, 30.0),
@@ -340,7 +347,8 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
         flushed = await probe.flush_cache(target.base_url, target.api_key())
         info["prefix_cache_flushed"] = flushed
         store = RunStore.open(run.results_dir, new_manifest(plan, run.concurrency, info), rerun=rerun, lock=lock)
-        return await execute(plan, store, run, progress=progress, items_upto=items_upto, on_done=on_done)
+        return await execute(plan, store, run, progress=progress, items_upto=items_upto, on_done=on_done,
+                             judged=judged)
     finally:  # however it ends, the run folder is free for the next writer
         if store is not None:
             store.close()

@@ -171,7 +171,7 @@ class Compare:
 
         async def answers_then_forcing() -> RunManifest:
             with show.part(f"{role} answers", n) as tick:
-                bm = await run_target(t, self.suites, run, limit=run.limit, rerun=self.rerun and first,
+                bm = await run_target(t, self.suites, run, judged=True, limit=run.limit, rerun=self.rerun and first,
                                       items_upto=upto, progress=False, on_done=tick)
             if self.tf:
                 base_dir, keys = self.root / bm.run_id, set(self.order[:upto])
@@ -198,7 +198,7 @@ class Compare:
             if run.aa_fraction <= 0:
                 return None
             with show.part("A/A replicate", self.units(k, run.aa_fraction)) as tick:
-                return await run_target(t, self.suites, run, limit=run.limit, replicate=1, fraction=run.aa_fraction,
+                return await run_target(t, self.suites, run, judged=True, limit=run.limit, replicate=1, fraction=run.aa_fraction,
                                         rerun=self.rerun and first, items_upto=upto, progress=False, on_done=tick)
 
         if self.overlap:
@@ -226,7 +226,7 @@ class Compare:
             # `compare bf16 bf16` is an A/A check: the candidate is a fresh, independent run (replicate 2)
             # of a separately started server, never the baseline's own answers
             with show.part(f"{role} answers", n) as tick:
-                return await run_target(t, self.suites, self.run, limit=self.run.limit, rerun=self.rerun and first,
+                return await run_target(t, self.suites, self.run, judged=True, limit=self.run.limit, rerun=self.rerun and first,
                                         replicate=2 if self.cand_t.name == self.base_t.name else 0, items_upto=upto,
                                         progress=False, on_done=tick)
 
@@ -329,8 +329,6 @@ class Compare:
                 say(f"every answer and score of this compare is on disk from an earlier run of it: judged again "
                     f"without starting {self.base_t.name} or {self.cand_t.name} (--rerun asks the servers again)")
                 return earlier
-        if self.tf:
-            say(tail_plan(self.config.gate, self.pool))
         together = self.together = serve_together(self.config, self.base_t, self.cand_t)
         rd = self.run.results_dir
         self.progress = show = CompareProgress(len(self.sizes), progress_mode(None))
@@ -339,6 +337,7 @@ class Compare:
                 async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
                     if self.tf:
                         self.window_limit = await forcing.common_window_limit(b, c)
+                        say(tail_plan(self.config.gate, self.pool))
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k))
                         show.start_round(k)
@@ -352,6 +351,7 @@ class Compare:
                 async with serving(self.base_t, rd) as b:
                     if self.tf:  # the candidate's server is not up yet: the baseline's own limit
                         self.window_limit = await forcing.common_window_limit(b)
+                        say(tail_plan(self.config.gate, self.pool))
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k, "baseline"))
                         show.start_round(k)
