@@ -1,7 +1,8 @@
 """`[gate]` in kvqual.toml: what "as good as the baseline" means, validated.
 
 Every default has a reason in docs/statistics.md ("Defaults and why"); the two token bounds
-are derived by scripts/derive_bounds.py from known-good and known-bad configs on the default mix.
+were derived from known-good and known-bad configs on the default mix, and `kvqual calibrate`
+derives them on the user's own (its `[gate.provenance]` sub-table: gate/origin.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from kvqual.errors import ConfigError
+from kvqual.gate.origin import Calibration
 
 Mode = Literal["default", "strict"]
 
@@ -38,6 +40,7 @@ class GatePolicy:
     token_cap: float = 10.0  # per-unit KL / top-1 values above this multiple of their bound count as it (PASS side)
     min_speedup: float | None = None  # cand/base throughput ratio required; None: report only
     bootstrap_resamples: int = 0  # >0: cluster bootstrap for KL / top-1 instead of t intervals
+    provenance: Calibration | None = None  # [gate.provenance]: what `kvqual calibrate` derived the bounds from
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], path: str) -> "GatePolicy":
@@ -76,6 +79,8 @@ _INTEGERS: Mapping[str, tuple[int, str]] = {"bootstrap_resamples": (100, "must b
 
 def _check(path: str, key: str, value: Any) -> Any:
     """Type- and range-check one `[gate]` value."""
+    if key == "provenance":
+        return Calibration.from_mapping(value, path)
     if key == "mode":
         if value not in ("default", "strict"):
             raise ConfigError(path, f"gate.{key}", f"must be \"default\" or \"strict\", got {value!r}")
