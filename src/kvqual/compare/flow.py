@@ -299,7 +299,7 @@ class Compare:
         with self.progress.part("judging", 0):
             report = self.judge(k)
         self.state.report = report
-        decided = report.decided
+        decided = report.decided or report.on_margin  # on its margin: the futility stop (gate/futility.py)
         say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report.verdict.verdict}"
             + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None

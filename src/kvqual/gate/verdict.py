@@ -10,6 +10,9 @@ Rules (docs/statistics.md, "The gate"):
 * INCONCLUSIVE otherwise, with the clusters each open primary criterion would need.
 A sequential compare stops at the first look whose verdict is PASS or FAIL; a primary
 criterion shown inside at an earlier look stays shown (its own sequential test stopped there).
+It also stops, INCONCLUSIVE, when the candidate is *on its margin*: an open criterion's interval
+holds its bound and the plan's last look would decide with less than FUTILITY_POWER at the current
+estimate (gate/futility.py, a non-binding futility stop); the verdict then carries `on_margin`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from kvqual import stats as st
 from kvqual.gate import criteria as cr
+from kvqual.gate import futility as fu
 from kvqual.gate.criteria import Criterion, Status
 from kvqual.gate.inputs import GateInputs
 from kvqual.gate.policy import GatePolicy
@@ -41,6 +45,7 @@ class Verdict:
     policy: GatePolicy = field(default_factory=GatePolicy)
     looks: tuple[dict[str, Any], ...] = ()  # trajectory: one entry per look taken
     infrastructure: str | None = None  # why the run is not trusted (too many failed requests): exit 4, no verdict
+    on_margin: Mapping[str, Any] | None = None  # the futility stop's facts (`margin_facts`), when it stopped so
 
     @property
     def exit_code(self) -> int:
@@ -58,6 +63,7 @@ class Verdict:
         }
         if self.looks:
             out["sequential"] = {"planned_looks": self.policy.looks, "looks": list(self.looks)}
+        out["on_margin"] = dict(self.on_margin) if self.on_margin else None
         return _finite(out)
 
 
@@ -166,8 +172,7 @@ def combine(policy: GatePolicy, criteria: tuple[Criterion, ...], looks: tuple[di
         names = ", ".join(f"{c.label} (Holm p={c.p_fail_holm:.2g})" for c in failed)
         return Verdict("FAIL", criteria, f"shown outside its bound: {names}", policy, looks)
     if open_:
-        parts = [c.label + (f" (~{c.n_more} more {c.unit})" if c.n_more is not None else "") for c in open_]
-        return Verdict("INCONCLUSIVE", criteria, "not decided: " + ", ".join(parts), policy, looks)
+        return Verdict("INCONCLUSIVE", criteria, "not decided: " + ", ".join(c.label for c in open_), policy, looks)
     if not any(not c.name.startswith("failed_rate") for c in primary):
         return Verdict("INCONCLUSIVE", criteria, "no quality criterion could be evaluated", policy, looks)
     guards = [c for c in criteria if c.role == "guard" and c.status == "inconclusive"]
@@ -196,6 +201,7 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
     passed: dict[str, tuple[int, Criterion]] = {}
     rows: list[dict[str, Any]] = []
     verdict: Verdict | None = None
+    final_items = planned[-1] if planned else None
     for k, (n_items, inputs) in enumerate(looks, start=1):
         verdict = decide(policy, inputs, np.random.default_rng(rng_seed), looks=plan, passed_before=passed)
         rows.append(look_row(k, n_items, verdict))
@@ -204,5 +210,74 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
                 passed[c.label] = (k, c)
         if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
             break
+        n_final = int(final_items) if final_items else round(n_items * plan / k) if isinstance(plan, int) else n_items
+        facts = margin_facts(verdict, k, n_items, n_final)
+        if facts is not None:
+            verdict = dataclasses.replace(verdict, on_margin=facts, reason=on_margin_reason(verdict.criteria, facts))
+            rows[-1] = look_row(k, n_items, verdict)
+            break
     assert verdict is not None
-    return dataclasses.replace(verdict, looks=tuple(rows))
+    verdict = dataclasses.replace(verdict, looks=tuple(rows))
+    return dataclasses.replace(verdict, criteria=_within_pool(verdict, final_items))
+
+
+def _within_pool(verdict: Verdict, final_items: int | None) -> tuple[Criterion, ...]:
+    """No criterion says "n more items" past what the plan's pool holds (or once the compare stopped
+    on its margin): that advice would re-judge stored answers under a larger plan (docs/ci.md)."""
+    looks = verdict.looks or ()
+    judged = looks[-1]["items"] if looks else None
+    left = (final_items - judged) if final_items and judged is not None else None
+    return tuple(dataclasses.replace(c, n_more=None)
+                 if c.n_more is not None and (verdict.on_margin or (left is not None and c.n_more > left)) else c
+                 for c in verdict.criteria)
+
+
+def margin_facts(verdict: Verdict, look: int, n_items: int, n_final: int) -> dict[str, Any] | None:
+    """The futility stop (gate/futility.py): None unless the plan's last look would decide with less
+    than FUTILITY_POWER at the current estimates; else the facts report.json carries as `on_margin`:
+    the look, the chance of deciding, and each open primary criterion with its interval, its bound's
+    origin and precision, and the total items a new compare would need for 80% / 90% power."""
+    power = fu.decided_power(verdict.criteria, n_items, n_final)
+    if power is None or power >= fu.FUTILITY_POWER:
+        return None
+    from kvqual.gate.origin import BOUND_FIELD, bound_origin
+
+    policy, rows = verdict.policy, []
+    for c in verdict.criteria:
+        if c.role != "primary" or c.status != "inconclusive":
+            continue
+        origin = bound_origin(policy, BOUND_FIELD[c.name]) if c.name in BOUND_FIELD else None
+        rows.append({"label": c.label, "name": c.name, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                     "bound_low": c.bound_low, "bound_high": c.bound_high, "unit": c.unit,
+                     "bound_origin": origin["text"] if origin else None,
+                     "bound_range": origin.get("range") if origin else None,
+                     "new_compare_items": {f"{p:.0%}": fu.items_for_power(c, n_items, policy.alpha, p)
+                                           for p in fu.PLAN_POWERS}})
+    return {"look": look, "items": n_items, "final_items": n_final, "power": round(power, 4),
+            "futility_power": fu.FUTILITY_POWER, "criteria": rows}
+
+
+_POINTS = ("accuracy", "accuracy_pooled", "top1_loss")
+
+
+def _show(name: str, *xs: float | None) -> str:
+    """Numbers in the criterion's unit: accuracy and top-1 in points, the rest as they are."""
+    scale, unit = (100.0, " points") if name in _POINTS else (1.0, "")
+    text = [("—" if x is None else f"{x * scale:+.2f}" if scale != 1.0 else f"{x:.4g}") for x in xs]
+    return (text[0] if len(text) == 1 else f"{text[0]} [{', '.join(text[1:])}]") + unit
+
+
+def on_margin_reason(criteria: Sequence[Criterion], facts: Mapping[str, Any]) -> str:
+    """The verdict's first line when it stopped on its margin: each open criterion's interval, its
+    bound and where the bound came from (its own precision), and what a new compare would need."""
+    parts = []
+    for r in facts["criteria"]:
+        name, lo, hi = r["name"], r["bound_low"], r["bound_high"]
+        bound = f"[{_show(name, lo)}, {_show(name, hi)}]" if lo is not None and hi is not None else \
+            _show(name, lo if lo is not None else hi)
+        plan = r["new_compare_items"]
+        new = (f"a new compare needs ~{plan['80%']:,} items for 80% power, ~{plan['90%']:,} for 90%"
+               if plan.get("80%") and plan.get("90%") else "no feasible new compare decides it at this estimate")
+        parts.append(f"{r['label']} {_show(name, r['estimate'], r['ci_low'], r['ci_high'])} holds its bound {bound} "
+                     f"({r['bound_origin'] or 'its bound'}); {new}")
+    return "on its margin: " + "; ".join(parts)

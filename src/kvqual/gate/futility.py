@@ -1,0 +1,121 @@
+""""On its margin": a non-binding futility stop, and what a *new* compare would need.
+
+At an undecided look k of a plan whose last look judges N items, each open criterion's conditional
+power is the chance, if its true value is the estimate now (the "current trend"), that the plan's
+last look decides it: PASS (its interval clears the bound on the inside) or FAIL (on the outside).
+The final estimate given the data so far is normal with mean θ̂ₖ and variance SEₖ²·nₖ(N − nₖ)/N², and
+the final interval's half-width is z·SEₖ·√(nₖ/N) (Pocock: the same nominal level at every look). The
+verdict can PASS only if every open primary criterion passes, and FAIL if any criterion fails, so
+    P(decided) ≤ min over open primary criteria of P(pass) + Σ over open criteria of P(fail),
+and the compare stops as "on its margin" when that is below FUTILITY_POWER.
+
+Why this cannot raise the false-PASS rate: the stop only ever turns a look that would have gone on
+into INCONCLUSIVE; it never makes a PASS. Dropping it (running on) keeps the plan's α, so the rule
+is non-binding (tests/test_futility.py checks both by simulation with the truth on the bound).
+Using the last look only (not "any remaining look") understates the chance of deciding a little,
+so the stop errs toward stopping: a cost in power, measured there too, never in error rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from scipy.stats import norm
+
+from kvqual.gate.criterion import Criterion
+
+FUTILITY_POWER = 0.10  # stop when the plan decides with less than this chance at the current estimate
+PLAN_POWERS = (0.80, 0.90)  # the planning statement: a new compare's total items at these powers
+ABSURD = 100  # a plan past this multiple of the items judged (or a million items) is not stated
+_LOG_SCALE = ("length_ratio", "speedup")  # intervals of a ratio: judged on the log scale
+
+
+@dataclass(frozen=True)
+class Side:
+    """A criterion on a linear scale: estimate, one-sided standard errors toward each end, bounds."""
+
+    est: float
+    se_low: float
+    se_high: float
+    low: float | None  # the bound below which it fails (at_least / within)
+    high: float | None  # the bound above which it fails (at_most / within)
+
+
+def side_of(c: Criterion) -> Side | None:
+    """The criterion's estimate and standard errors read back from its interval (z at its level);
+    None when it has no interval or level."""
+    if None in (c.estimate, c.ci_low, c.ci_high, c.level) or not 0 < (c.level or 0) < 0.5:
+        return None
+    est, lo, hi = float(c.estimate), float(c.ci_low), float(c.ci_high)  # type: ignore[arg-type]
+    b_lo, b_hi = c.bound_low, c.bound_high
+    if c.name in _LOG_SCALE:
+        if min(est, lo, hi) <= 0:
+            return None
+        est, lo, hi = math.log(est), math.log(lo), math.log(hi)
+        b_lo = math.log(b_lo) if b_lo is not None and b_lo > 0 else None
+        b_hi = math.log(b_hi) if b_hi is not None and b_hi > 0 else None
+    z = float(norm.isf(c.level))
+    if not all(math.isfinite(x) for x in (est, lo, hi)):
+        return None
+    return Side(est, max(est - lo, 0.0) / z, max(hi - est, 0.0) / z, b_lo, b_hi)
+
+
+def conditional_power(c: Criterion, n_now: int, n_final: int) -> tuple[float, float] | None:
+    """(P(pass), P(fail)) at the plan's last look if the truth is the estimate now; None when the
+    criterion has no interval to read. At the last look itself (n_final ≤ n_now): nothing more to learn."""
+    s = side_of(c)
+    if s is None:
+        return None
+    if n_final <= n_now:
+        return 0.0, 0.0
+    z = float(norm.isf(c.level))  # type: ignore[arg-type]
+    shrink = math.sqrt(n_now / n_final)
+    spread = math.sqrt(n_now * (n_final - n_now)) / n_final
+
+    def prob_below(x: float, se: float) -> float:  # P(final estimate < x)
+        sd = se * spread
+        return float(norm.cdf((x - s.est) / sd)) if sd > 0 else float(s.est < x)
+
+    p_pass, p_fail = 1.0, 0.0
+    if s.high is not None:  # inside is below: pass when est + z·se_high·shrink < high
+        p_pass *= prob_below(s.high - z * s.se_high * shrink, s.se_high)
+        p_fail += 1.0 - prob_below(s.high + z * s.se_low * shrink, s.se_low)
+    if s.low is not None:  # inside is above
+        p_pass = max(0.0, p_pass - prob_below(s.low + z * s.se_low * shrink, s.se_low)) if s.high is not None \
+            else 1.0 - prob_below(s.low + z * s.se_low * shrink, s.se_low)
+        p_fail += prob_below(s.low - z * s.se_high * shrink, s.se_high)
+    return p_pass, min(1.0, p_fail)
+
+
+def decided_power(criteria: Sequence[Criterion], n_now: int, n_final: int) -> float | None:
+    """Upper bound on the chance the plan's last look decides the verdict (the module docstring);
+    None when some open criterion cannot be read (then no futility stop)."""
+    open_primary = [c for c in criteria if c.role == "primary" and c.status == "inconclusive"]
+    open_any = [c for c in criteria if c.status == "inconclusive" and c.p_fail is not None]
+    if not open_primary or any(c.infrastructure for c in open_primary):
+        return None
+    powers = {id(c): conditional_power(c, n_now, n_final) for c in {id(c): c for c in open_primary + open_any}.values()}
+    if any(powers[id(c)] is None for c in open_primary):
+        return None
+    p_pass = min(powers[id(c)][0] for c in open_primary)  # type: ignore[index]
+    p_fail = sum(p[1] for c in open_any if (p := powers[id(c)]) is not None)
+    return min(1.0, p_pass + p_fail)
+
+
+def items_for_power(c: Criterion, n_now: int, alpha: float, power: float) -> int | None:
+    """Total items a new fixed-n compare needs to decide `c` with `power` at level `alpha` if the
+    truth is the estimate now: n = nₖ·((z₁₋α + z_power)·SEₖ / gap)², gap the distance to the
+    nearest bound; None when absurd (the estimate on the bound, or past ABSURD × nₖ or 10⁶ items)."""
+    s = side_of(c)
+    if s is None or n_now < 1:
+        return None
+    gaps = [(b - s.est, s.se_high if s.est < b else s.se_low) for b in (s.low, s.high) if b is not None]
+    if not gaps:
+        return None
+    gap, se = min(gaps, key=lambda g: abs(g[0]))
+    if gap == 0 or se <= 0:
+        return None
+    n = math.ceil(n_now * ((float(norm.isf(alpha)) + float(norm.ppf(power))) * se / abs(gap)) ** 2)
+    return None if n > min(ABSURD * n_now, 1_000_000) else n
