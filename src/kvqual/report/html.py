@@ -163,7 +163,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         kl_note="over the servers' top-k logprobs plus one tail bucket, an approximation that under-reports",
         criteria=S.criterion_rows(report), arms=S.arm_rows(report), suites=S.suite_rows(report),
         notes=[x for x in (f"gate: {reason}" if reason else None, S.teacher_line(report), S.fit_line(report), S.sequential_line(report),
-                           S.capacity_line(report), None if slower else speed) if x],
+                           S.bounds_line(report), S.capacity_line(report), None if slower else speed) if x],
         trajectory=S.trajectory_rows(report),
         trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),
         metrics=S.metric_rows(report), speed=S.speed_rows(report),

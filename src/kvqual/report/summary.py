@@ -15,7 +15,7 @@ from typing import Any
 
 from kvqual.report.fmt import (MISSING, NOT_MEASURED, num, get, sig3, fmt_num, quantity, fmt_quantity, fmt_quantity_interval, fmt_pct, fmt_interval, fmt_time, fmt_scale, fmt_bound)
 # the one-line facts and the trajectory: their own module, their names here too
-from kvqual.report.lines import (capacity_line, exit_code, fit_line, sequential_line, teacher_line,  # noqa: F401
+from kvqual.report.lines import (bounds_line, capacity_line, exit_code, fit_line, sequential_line, teacher_line,  # noqa: F401
                                  title, trajectory_rows, verdict_line)
 
 SCHEMA_VERSION = 1
