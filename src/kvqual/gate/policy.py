@@ -26,8 +26,8 @@ class GatePolicy:
     mode: Mode = "default"  # "strict": every suite's accuracy must be shown within the margin too
     accuracy_margin: float = 0.05  # δ: cand may lose up to 5 points of accuracy (absolute)
     max_length_drift: float = 0.10  # mean output length within ±10% of the baseline's
-    max_kl_excess: float = 0.012  # nats/token of KL(base‖cand) beyond the A/A floor (derive_bounds.py)
-    max_top1_loss: float = 0.042  # same-top-1 agreement may drop 4.2 points below the A/A floor (derive_bounds.py)
+    max_kl_excess: float = 0.012  # nats/token of KL(base‖cand) beyond the A/A floor (gate/origin.py: how it was derived)
+    max_top1_loss: float = 0.042  # same-top-1 agreement may drop 4.2 points below the A/A floor (gate/origin.py)
     max_trunc_excess: float = 0.05  # truncation (finish_reason=length) rate beyond the A/A floor (guard)
     max_loop_excess: float = 0.05  # repetition-loop rate beyond the A/A floor (guard)
     max_distinct2_loss: float = 0.05  # mean distinct-2 of the outputs may drop 5 points beyond the A/A floor (guard)
