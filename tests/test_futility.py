@@ -112,6 +112,19 @@ def test_a_sequential_gate_stops_on_the_margin_and_says_so() -> None:
     assert v.reason.startswith("on its margin: accuracy_pooled ")
     assert "holds its bound -5.00 points (built-in default" in v.reason
     assert all(c.n_more is None for c in v.criteria)
+    assert v.planning["criteria"]["accuracy_pooled"] == {"power_80": None, "power_90": None}  # on it: no size decides
     # far from the margin but undecided at look 1 (few items): it goes on
     clear = [(n, GateInputs(accuracy=(_accuracy(n, 2, 2),), coverage=NO_TF, **_ok_requests(n))) for n in (30, 200)]
     assert decide_sequence(GatePolicy(), clear, 0, planned=[30, 200]).on_margin is None
+
+
+def test_a_plan_that_ends_undecided_far_from_its_bound_gives_a_new_compares_size_not_more_items() -> None:
+    """40 items, 1 flip each way: far inside the margin but too few items. Not "on its margin"; the
+    reason and `planning` state what a new compare needs; no n_more points past the 40-item pool."""
+    v = decide_sequence(GatePolicy(), [(40, GateInputs(accuracy=(_accuracy(40, 1, 1),), coverage=NO_TF,
+                                                       **_ok_requests(40)))], 0, planned=[40])
+    assert v.verdict == "INCONCLUSIVE" and v.on_margin is None
+    plan = v.planning["criteria"]["accuracy_pooled"]
+    assert 40 < plan["power_80"] < plan["power_90"] < 4000
+    assert f"a new compare (another --seed) needs ~{plan['power_80']:,} items for 80% power" in v.reason
+    assert all(c.n_more is None for c in v.criteria)

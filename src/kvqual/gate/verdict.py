@@ -46,6 +46,7 @@ class Verdict:
     looks: tuple[dict[str, Any], ...] = ()  # trajectory: one entry per look taken
     infrastructure: str | None = None  # why the run is not trusted (too many failed requests): exit 4, no verdict
     on_margin: Mapping[str, Any] | None = None  # the futility stop's facts (`margin_facts`), when it stopped so
+    planning: Mapping[str, Any] | None = None  # undecided at the plan's end: a *new* compare's size (`new_compare`)
 
     @property
     def exit_code(self) -> int:
@@ -64,6 +65,7 @@ class Verdict:
         if self.looks:
             out["sequential"] = {"planned_looks": self.policy.looks, "looks": list(self.looks)}
         out["on_margin"] = dict(self.on_margin) if self.on_margin else None
+        out["planning"] = dict(self.planning) if self.planning else None
         return _finite(out)
 
 
@@ -218,12 +220,39 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
             break
     assert verdict is not None
     verdict = dataclasses.replace(verdict, looks=tuple(rows))
+    spent = final_items is not None and rows[-1]["items"] >= final_items
+    if verdict.verdict == "INCONCLUSIVE" and not verdict.infrastructure and (verdict.on_margin or spent):
+        planning = new_compare(verdict, rows[-1]["items"])
+        reason = verdict.reason if verdict.on_margin else verdict.reason + planning_words(planning)
+        verdict = dataclasses.replace(verdict, planning=planning, reason=reason)
     return dataclasses.replace(verdict, criteria=_within_pool(verdict, final_items))
+
+
+def new_compare(verdict: Verdict, n_items: int) -> dict[str, Any]:
+    """The planning statement once this plan cannot decide: for each open primary criterion, the total
+    items a new fixed-n compare needs for 80% and 90% power at the current estimate (None: absurd)."""
+    alpha = verdict.policy.alpha
+    rows = {c.label: {f"power_{round(p * 100)}": fu.items_for_power(c, n_items, alpha, p) for p in fu.PLAN_POWERS}
+            for c in verdict.criteria if c.role == "primary" and c.status == "inconclusive" and c.estimate is not None}
+    return {"items": n_items, "alpha": verdict.policy.alpha, "criteria": rows}
+
+
+def planning_words(planning: Mapping[str, Any]) -> str:
+    """'; a new compare needs ~N items …': the largest total over the open criteria (all must decide)."""
+    rows = planning["criteria"]
+    if not rows:
+        return ""
+    absurd = [label for label, r in rows.items() if not (r.get("power_80") and r.get("power_90"))]
+    if absurd:
+        return f"; no feasible new compare decides {', '.join(absurd)} at this estimate"
+    n80, n90 = max(r["power_80"] for r in rows.values()), max(r["power_90"] for r in rows.values())
+    return f"; a new compare (another --seed) needs ~{n80:,} items for 80% power, ~{n90:,} for 90%, at these estimates"
 
 
 def _within_pool(verdict: Verdict, final_items: int | None) -> tuple[Criterion, ...]:
     """No criterion says "n more items" past what the plan's pool holds (or once the compare stopped
-    on its margin): that advice would re-judge stored answers under a larger plan (docs/ci.md)."""
+    on its margin): that advice would re-judge stored answers under a larger plan (docs/ci.md); the
+    verdict's `planning` says what a new compare needs instead."""
     looks = verdict.looks or ()
     judged = looks[-1]["items"] if looks else None
     left = (final_items - judged) if final_items and judged is not None else None
@@ -240,6 +269,10 @@ def margin_facts(verdict: Verdict, look: int, n_items: int, n_final: int) -> dic
     power = fu.decided_power(verdict.criteria, n_items, n_final)
     if power is None or power >= fu.FUTILITY_POWER:
         return None
+    if n_final <= n_items and not any(  # the plan ended: on its margin only if no feasible size decides it
+            fu.items_for_power(c, n_items, verdict.policy.alpha, fu.PLAN_POWERS[0]) is None
+            for c in verdict.criteria if c.role == "primary" and c.status == "inconclusive" and c.estimate is not None):
+        return None
     from kvqual.gate.origin import BOUND_FIELD, bound_origin
 
     policy, rows = verdict.policy, []
@@ -251,7 +284,7 @@ def margin_facts(verdict: Verdict, look: int, n_items: int, n_final: int) -> dic
                      "bound_low": c.bound_low, "bound_high": c.bound_high, "unit": c.unit,
                      "bound_origin": origin["text"] if origin else None,
                      "bound_range": origin.get("range") if origin else None,
-                     "new_compare_items": {f"{p:.0%}": fu.items_for_power(c, n_items, policy.alpha, p)
+                     "new_compare_items": {f"power_{round(p * 100)}": fu.items_for_power(c, n_items, policy.alpha, p)
                                            for p in fu.PLAN_POWERS}})
     return {"look": look, "items": n_items, "final_items": n_final, "power": round(power, 4),
             "futility_power": fu.FUTILITY_POWER, "criteria": rows}
@@ -276,8 +309,8 @@ def on_margin_reason(criteria: Sequence[Criterion], facts: Mapping[str, Any]) ->
         bound = f"[{_show(name, lo)}, {_show(name, hi)}]" if lo is not None and hi is not None else \
             _show(name, lo if lo is not None else hi)
         plan = r["new_compare_items"]
-        new = (f"a new compare needs ~{plan['80%']:,} items for 80% power, ~{plan['90%']:,} for 90%"
-               if plan.get("80%") and plan.get("90%") else "no feasible new compare decides it at this estimate")
+        new = (f"a new compare needs ~{plan['power_80']:,} items for 80% power, ~{plan['power_90']:,} for 90%"
+               if plan.get("power_80") and plan.get("power_90") else "no feasible new compare decides it at this estimate")
         parts.append(f"{r['label']} {_show(name, r['estimate'], r['ci_low'], r['ci_high'])} holds its bound {bound} "
                      f"({r['bound_origin'] or 'its bound'}); {new}")
     return "on its margin: " + "; ".join(parts)

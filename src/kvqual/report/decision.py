@@ -175,6 +175,15 @@ def decision(report: Mapping[str, Any]) -> Decision:
         margin = get(report, "verdict", "on_margin")
         if isinstance(margin, Mapping) and margin.get("criteria"):
             return _on_margin(margin, tail)
+        planned = (get(report, "verdict", "planning", "criteria") or {}).get(first.get("label"))
+        if first.get("n_more") is None and isinstance(planned, Mapping) and first.get("estimate") is not None:
+            judged = get(report, "verdict", "planning", "items")
+            new = (f"a new compare (another --seed, or more suite items) needs about {planned['power_80']:,} items in all "
+                   f"for 80% power and {planned['power_90']:,} for 90% at this estimate" if planned.get("power_80")
+                   and planned.get("power_90") else "no feasible new compare decides it at this estimate")
+            return Decision(verdict, why, _sentence(f"this compare's plan ended at {judged:,} items; {new}; its "
+                                                    "answers are not judged again under a larger plan; nothing was "
+                                                    "shown outside its bound."))
         if stuck:
             return Decision(verdict, why, f"Fix what left {short_label(first)} undecided (more items will not), "
                                           "then run again; nothing was shown outside its bound.")
@@ -196,8 +205,8 @@ def _on_margin(margin: Mapping[str, Any], tail: str) -> Decision:
     within = (f"the plan's last look ({margin['final_items']:,} items) would decide it with probability "
               f"{margin['power']:.2f} at this estimate, so the compare stopped at {margin['items']:,} items"
               if margin["final_items"] > margin["items"] else f"all {margin['items']:,} items of the plan are judged")
-    new = (f"a new compare (another --seed, or more suite items) needs about {plan['80%']:,} items in all for 80% "
-           f"power and {plan['90%']:,} for 90% at this estimate" if plan.get("80%") and plan.get("90%") else
+    new = (f"a new compare (another --seed, or more suite items) needs about {plan['power_80']:,} items in all for 80% "
+           f"power and {plan['power_90']:,} for 90% at this estimate" if plan.get("power_80") and plan.get("power_90") else
            "no feasible new compare decides it at this estimate")
     return Decision("INCONCLUSIVE", why, _sentence(f"{within}; {new}. Decide whether a difference this close to the "
                                                    "margin matters, or calibrate the margin on your model "
