@@ -170,7 +170,7 @@ def bound_origin(policy: Any, bound_field: str) -> dict[str, Any]:
         low, high, pm = BUILTIN_DERIVED[bound_field]
         out.update(source="built-in", range=[low, high], text=f"built-in default, {BUILTIN_SOURCE}, {pm}")
     elif value == default:
-        out.update(source="built-in", range=None, text="built-in default (a policy choice, docs/statistics.md)")
+        out.update(source="built-in", range=None, text="built-in default, a policy choice (docs/statistics.md)")
     else:
         out.update(source="kvqual.toml", range=None, text="set in [gate] by hand")
     return out
