@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from scipy.stats import norm
 
@@ -128,3 +128,82 @@ def items_for_power(c: Criterion, n_now: int, alpha: float, power: float) -> int
         return None
     n = math.ceil(n_now * ((float(norm.isf(alpha)) + float(norm.ppf(power))) * se / abs(gap)) ** 2)
     return None if n > min(ABSURD * n_now, 1_000_000) else n
+
+
+# ------------------------------------------------------------ the facts and words the verdict carries
+
+
+def margin_facts(criteria: Sequence[Criterion], policy: Any, look: int, n_items: int,
+                 n_final: int) -> dict[str, Any] | None:
+    """The futility stop (gate/futility.py): None unless the plan's last look would decide with less
+    than FUTILITY_POWER at the current estimates; else the facts report.json carries as `on_margin`:
+    the look, the chance of deciding, and each open primary criterion with its interval, its bound's
+    origin and precision, and the total items a new compare would need for 80% / 90% power."""
+    power = decided_power(criteria, n_items, n_final)
+    if power is None or power >= FUTILITY_POWER:
+        return None
+    if n_final <= n_items and not any(  # the plan ended: on its margin only if no feasible size decides it
+            items_for_power(c, n_items, policy.alpha, PLAN_POWERS[0]) is None
+            for c in criteria if c.role == "primary" and c.status == "inconclusive" and c.estimate is not None):
+        return None
+    from kvqual.gate.origin import BOUND_FIELD, bound_origin
+
+    rows = []
+    for c in criteria:
+        if c.role != "primary" or c.status != "inconclusive":
+            continue
+        origin = bound_origin(policy, BOUND_FIELD[c.name]) if c.name in BOUND_FIELD else None
+        rows.append({"label": c.label, "name": c.name, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                     "bound_low": c.bound_low, "bound_high": c.bound_high, "unit": c.unit,
+                     "bound_origin": origin["text"] if origin else None,
+                     "bound_range": origin.get("range") if origin else None,
+                     "new_compare_items": {f"power_{round(p * 100)}": items_for_power(c, n_items, policy.alpha, p)
+                                           for p in PLAN_POWERS}})
+    return {"look": look, "items": n_items, "final_items": n_final, "power": round(power, 4),
+            "futility_power": FUTILITY_POWER, "criteria": rows}
+
+
+_POINTS = ("accuracy", "accuracy_pooled", "top1_loss")
+
+
+def _show(name: str, *xs: float | None) -> str:
+    """Numbers in the criterion's unit: accuracy and top-1 in points, the rest as they are."""
+    scale, unit = (100.0, " points") if name in _POINTS else (1.0, "")
+    text = [("—" if x is None else f"{x * scale:+.2f}" if scale != 1.0 else f"{x:.4g}") for x in xs]
+    return (text[0] if len(text) == 1 else f"{text[0]} [{', '.join(text[1:])}]") + unit
+
+
+def on_margin_reason(facts: Mapping[str, Any]) -> str:
+    """The verdict's first line when it stopped on its margin: each open criterion's interval, its
+    bound and where the bound came from (its own precision), and what a new compare would need."""
+    parts = []
+    for r in facts["criteria"]:
+        name, lo, hi = r["name"], r["bound_low"], r["bound_high"]
+        bound = f"[{_show(name, lo)}, {_show(name, hi)}]" if lo is not None and hi is not None else \
+            _show(name, lo if lo is not None else hi)
+        plan = r["new_compare_items"]
+        new = (f"a new compare needs ~{plan['power_80']:,} items for 80% power, ~{plan['power_90']:,} for 90%"
+               if plan.get("power_80") and plan.get("power_90") else "no feasible new compare decides it at this estimate")
+        parts.append(f"{r['label']} {_show(name, r['estimate'], r['ci_low'], r['ci_high'])} holds its bound {bound} "
+                     f"({r['bound_origin'] or 'its bound'}); {new}")
+    return "on its margin: " + "; ".join(parts)
+
+
+def new_compare(criteria: Sequence[Criterion], alpha: float, n_items: int) -> dict[str, Any]:
+    """The planning statement once this plan cannot decide: for each open primary criterion, the total
+    items a new fixed-n compare needs for 80% and 90% power at the current estimate (None: absurd)."""
+    rows = {c.label: {f"power_{round(p * 100)}": items_for_power(c, n_items, alpha, p) for p in PLAN_POWERS}
+            for c in criteria if c.role == "primary" and c.status == "inconclusive" and c.estimate is not None}
+    return {"items": n_items, "alpha": alpha, "criteria": rows}
+
+
+def planning_words(planning: Mapping[str, Any]) -> str:
+    """'; a new compare needs ~N items …': the largest total over the open criteria (all must decide)."""
+    rows = planning["criteria"]
+    if not rows:
+        return ""
+    absurd = [label for label, r in rows.items() if not (r.get("power_80") and r.get("power_90"))]
+    if absurd:
+        return f"; no feasible new compare decides {', '.join(absurd)} at this estimate"
+    n80, n90 = max(r["power_80"] for r in rows.values()), max(r["power_90"] for r in rows.values())
+    return f"; a new compare (another --seed) needs ~{n80:,} items for 80% power, ~{n90:,} for 90%, at these estimates"

@@ -213,40 +213,19 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
         if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
             break
         n_final = int(final_items) if final_items else round(n_items * plan / k) if isinstance(plan, int) else n_items
-        facts = margin_facts(verdict, k, n_items, n_final)
+        facts = fu.margin_facts(verdict.criteria, verdict.policy, k, n_items, n_final)
         if facts is not None:
-            verdict = dataclasses.replace(verdict, on_margin=facts, reason=on_margin_reason(verdict.criteria, facts))
+            verdict = dataclasses.replace(verdict, on_margin=facts, reason=fu.on_margin_reason(facts))
             rows[-1] = look_row(k, n_items, verdict)
             break
     assert verdict is not None
     verdict = dataclasses.replace(verdict, looks=tuple(rows))
     spent = final_items is not None and rows[-1]["items"] >= final_items
     if verdict.verdict == "INCONCLUSIVE" and not verdict.infrastructure and (verdict.on_margin or spent):
-        planning = new_compare(verdict, rows[-1]["items"])
-        reason = verdict.reason if verdict.on_margin else verdict.reason + planning_words(planning)
+        planning = fu.new_compare(verdict.criteria, verdict.policy.alpha, rows[-1]["items"])
+        reason = verdict.reason if verdict.on_margin else verdict.reason + fu.planning_words(planning)
         verdict = dataclasses.replace(verdict, planning=planning, reason=reason)
     return dataclasses.replace(verdict, criteria=_within_pool(verdict, final_items))
-
-
-def new_compare(verdict: Verdict, n_items: int) -> dict[str, Any]:
-    """The planning statement once this plan cannot decide: for each open primary criterion, the total
-    items a new fixed-n compare needs for 80% and 90% power at the current estimate (None: absurd)."""
-    alpha = verdict.policy.alpha
-    rows = {c.label: {f"power_{round(p * 100)}": fu.items_for_power(c, n_items, alpha, p) for p in fu.PLAN_POWERS}
-            for c in verdict.criteria if c.role == "primary" and c.status == "inconclusive" and c.estimate is not None}
-    return {"items": n_items, "alpha": verdict.policy.alpha, "criteria": rows}
-
-
-def planning_words(planning: Mapping[str, Any]) -> str:
-    """'; a new compare needs ~N items …': the largest total over the open criteria (all must decide)."""
-    rows = planning["criteria"]
-    if not rows:
-        return ""
-    absurd = [label for label, r in rows.items() if not (r.get("power_80") and r.get("power_90"))]
-    if absurd:
-        return f"; no feasible new compare decides {', '.join(absurd)} at this estimate"
-    n80, n90 = max(r["power_80"] for r in rows.values()), max(r["power_90"] for r in rows.values())
-    return f"; a new compare (another --seed) needs ~{n80:,} items for 80% power, ~{n90:,} for 90%, at these estimates"
 
 
 def _within_pool(verdict: Verdict, final_items: int | None) -> tuple[Criterion, ...]:
@@ -259,58 +238,3 @@ def _within_pool(verdict: Verdict, final_items: int | None) -> tuple[Criterion, 
     return tuple(dataclasses.replace(c, n_more=None)
                  if c.n_more is not None and (verdict.on_margin or (left is not None and c.n_more > left)) else c
                  for c in verdict.criteria)
-
-
-def margin_facts(verdict: Verdict, look: int, n_items: int, n_final: int) -> dict[str, Any] | None:
-    """The futility stop (gate/futility.py): None unless the plan's last look would decide with less
-    than FUTILITY_POWER at the current estimates; else the facts report.json carries as `on_margin`:
-    the look, the chance of deciding, and each open primary criterion with its interval, its bound's
-    origin and precision, and the total items a new compare would need for 80% / 90% power."""
-    power = fu.decided_power(verdict.criteria, n_items, n_final)
-    if power is None or power >= fu.FUTILITY_POWER:
-        return None
-    if n_final <= n_items and not any(  # the plan ended: on its margin only if no feasible size decides it
-            fu.items_for_power(c, n_items, verdict.policy.alpha, fu.PLAN_POWERS[0]) is None
-            for c in verdict.criteria if c.role == "primary" and c.status == "inconclusive" and c.estimate is not None):
-        return None
-    from kvqual.gate.origin import BOUND_FIELD, bound_origin
-
-    policy, rows = verdict.policy, []
-    for c in verdict.criteria:
-        if c.role != "primary" or c.status != "inconclusive":
-            continue
-        origin = bound_origin(policy, BOUND_FIELD[c.name]) if c.name in BOUND_FIELD else None
-        rows.append({"label": c.label, "name": c.name, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                     "bound_low": c.bound_low, "bound_high": c.bound_high, "unit": c.unit,
-                     "bound_origin": origin["text"] if origin else None,
-                     "bound_range": origin.get("range") if origin else None,
-                     "new_compare_items": {f"power_{round(p * 100)}": fu.items_for_power(c, n_items, policy.alpha, p)
-                                           for p in fu.PLAN_POWERS}})
-    return {"look": look, "items": n_items, "final_items": n_final, "power": round(power, 4),
-            "futility_power": fu.FUTILITY_POWER, "criteria": rows}
-
-
-_POINTS = ("accuracy", "accuracy_pooled", "top1_loss")
-
-
-def _show(name: str, *xs: float | None) -> str:
-    """Numbers in the criterion's unit: accuracy and top-1 in points, the rest as they are."""
-    scale, unit = (100.0, " points") if name in _POINTS else (1.0, "")
-    text = [("—" if x is None else f"{x * scale:+.2f}" if scale != 1.0 else f"{x:.4g}") for x in xs]
-    return (text[0] if len(text) == 1 else f"{text[0]} [{', '.join(text[1:])}]") + unit
-
-
-def on_margin_reason(criteria: Sequence[Criterion], facts: Mapping[str, Any]) -> str:
-    """The verdict's first line when it stopped on its margin: each open criterion's interval, its
-    bound and where the bound came from (its own precision), and what a new compare would need."""
-    parts = []
-    for r in facts["criteria"]:
-        name, lo, hi = r["name"], r["bound_low"], r["bound_high"]
-        bound = f"[{_show(name, lo)}, {_show(name, hi)}]" if lo is not None and hi is not None else \
-            _show(name, lo if lo is not None else hi)
-        plan = r["new_compare_items"]
-        new = (f"a new compare needs ~{plan['power_80']:,} items for 80% power, ~{plan['power_90']:,} for 90%"
-               if plan.get("power_80") and plan.get("power_90") else "no feasible new compare decides it at this estimate")
-        parts.append(f"{r['label']} {_show(name, r['estimate'], r['ci_low'], r['ci_high'])} holds its bound {bound} "
-                     f"({r['bound_origin'] or 'its bound'}); {new}")
-    return "on its margin: " + "; ".join(parts)
