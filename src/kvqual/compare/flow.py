@@ -305,7 +305,7 @@ class Compare:
         self.state.report = report
         decided = report.decided or report.on_margin  # on its margin: the futility stop (gate/futility.py)
         say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report.verdict.verdict}"
-            + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
+            + (" — on its margin: stopped" if report.on_margin else "") + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None
 
     async def execute(self) -> Judgement:
