@@ -13,9 +13,9 @@ and the compare stops as "on its margin" when that is below FUTILITY_POWER.
 Why predictive and not "conditional power at the current estimate" (the truth taken to be θ̂ₖ, final
 variance SEₖ²·nₖ(N − nₖ)/N²): measured by simulation on the default plan (124 → 2,108 items, 5 looks,
 per-item sd 0.3, margin 5 points, 2,000 compares each; tests/test_futility.py), the current-trend rule
-stopped 3.8% of compares of a candidate *equal* to the baseline and 24% of one half a margin down,
-all of which would have PASSed; the predictive rule lost none and 1.0%, and still ended 45% of the
-compares whose truth sat on the bound before their last look (1,501 items on average against 2,108).
+cost 3.8% of the compares of a candidate *equal* to the baseline their PASS (76 of 2,000) and 22.6% of
+those half a margin down (452); the predictive rule cost none and 1.0% (19), and still ended 45% of
+the compares whose truth sat on the bound before their last look (1,501 items on average, not 2,108).
 
 Why this cannot raise the false-PASS rate: the stop only ever turns a look that would have gone on
 into INCONCLUSIVE; it never makes a PASS. Dropping it (running on) keeps the plan's α, so the rule
