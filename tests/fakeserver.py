@@ -254,6 +254,8 @@ class Fake:
             alts = {tok: lp}
             for j in range(1, k):
                 alts[f"<alt{j}>"] = lp - j - 0.5
+            if k > 1 and self.args.top1_flip and _h("flip:" + context[-40:] + tok) < self.args.top1_flip:
+                alts["<alt1>"] = lp / 2  # an alternative outranks the token here: top-1 moved
             top.append(None if (first_null and i == 0) else alts)
             offsets.append(offset)
             offset += len(tok)
@@ -461,6 +463,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length-factor", type=int, default=1)
     p.add_argument("--answer-tokens", type=int, default=0)
     p.add_argument("--logprob-noise", type=float, default=0.0)
+    p.add_argument("--top1-flip", type=float, default=0.0)
     p.add_argument("--no-logprobs", action="store_true")
     p.add_argument("--echo-shift", action="store_true")
     p.add_argument("--echo-flaky", action="store_true")

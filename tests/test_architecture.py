@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("kvqual.probe", "kvqual.telemetry", "kvqual.launch", "kvqual.watchdog"),   # what a server is
     ("kvqual.runner", "kvqual.forcing", "kvqual.load.drive", "kvqual.load.summary",
      "kvqual.load.evidence"),                                                   # spending server time
-    ("kvqual.commands", "kvqual.compare", "kvqual.load", "kvqual.audit"),       # orchestration
+    ("kvqual.commands", "kvqual.compare", "kvqual.load", "kvqual.audit", "kvqual.calibrate"),       # orchestration
     ("kvqual.cli", "kvqual.__main__"),                                          # the shell
 ]
 STANDALONE = "kvqual.serve"  # the reference server: imports nothing of kvqual but itself and suites

@@ -131,7 +131,10 @@ def test_handful_of_items_is_inconclusive(tmp_path, fake_server):
     setup(tmp_path, fake_server, ["--wrong-rate", "0.3"], n=6)
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
     assert r.returncode == 3, r.stdout + r.stderr
-    assert r.stdout.startswith("INCONCLUSIVE") and "more items" in r.stdout
+    # the pool (6 items) is spent: no "N more items" past it, but what a new compare would need (issue 51)
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("INCONCLUSIVE: not decided") and "a new compare (another --seed) needs ~" in first
+    assert "more items" not in r.stdout and "on its margin" not in first
 
 
 def test_much_longer_answers_fail_on_length(tmp_path, fake_server):
@@ -204,15 +207,28 @@ def test_token_criteria_that_cannot_be_measured_never_pass(tmp_path, fake_server
 
 def test_an_interrupted_or_extended_compare_reuses_every_answer(tmp_path, fake_server):
     """Rounds accumulate in one run folder per arm: a compare stopped at a budget and run again with
-    a larger one (or resumed after an interruption) asks no item a second time."""
+    a larger one (or resumed after an interruption) asks no item a second time. Extending the *pool*
+    of stored, judged answers is another plan: refused in one line (issue 51), a new compare is not."""
     _, cand = setup(tmp_path, fake_server, [], n=120, broken_share=0.04)
     first = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-items", "40", "--fixed-n")
     assert first.returncode in (0, 3), first.stdout + first.stderr
     assert sum(v for k, v in cand.stats().items() if k.startswith("Question") and k.endswith("A:")) == 40
     second = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n")
-    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.returncode == 2, second.stdout + second.stderr
+    line, = [x for x in second.stderr.splitlines() if "plan.json" in x]
+    assert "pool 40, looks at [40]" in line and "pool 120, looks at [120]" in line and "another --seed" in line
+    # the same plan again: judged again from disk, nothing asked twice
+    again = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-items", "40", "--fixed-n")
+    assert again.returncode == first.returncode, again.stdout + again.stderr
+    # `kvqual report` with another look schedule is the same re-judging: refused
+    folder, = (tmp_path / "results").glob("compare-*")
+    r = kvqual(tmp_path, "report", str(folder), "--looks", "3")
+    assert r.returncode == 2 and "another --seed" in r.stderr, r.stdout + r.stderr
+    assert kvqual(tmp_path, "report", str(folder)).returncode == first.returncode  # its own plan replays
+    third = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--seed", "7")
+    assert third.returncode == 0, third.stdout + third.stderr
     asked = {k: v for k, v in cand.stats().items() if k.startswith("Question") and k.endswith("A:")}
-    assert len(asked) == 120 and set(asked.values()) == {1}  # every item generated exactly once on the candidate
+    assert len(asked) == 120  # a new compare (another seed): its own answers
 
 
 def test_a_candidate_whose_echo_cannot_be_trusted_is_judged_without_token_criteria(tmp_path, fake_server):

@@ -26,6 +26,7 @@ examples:
   kvqual compare base cand --config kvqual.toml --suite suites/example.jsonl
   kvqual run bf16 --suite suites/example.jsonl  one target, one suite; re-run to resume
   kvqual report results/A results/B --aa results/A2
+  kvqual calibrate base --good fp8 --bad fp8_e5m2 --out margins.toml   token margins on your model
   kvqual load bf16 fp8 --duration 240           steady-state throughput under load, fp8 over bf16
   kvqual serve --kv-cache-dtype fp8_e4m3 --port 30000
   kvqual suites                                 list the built-in suites
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kvqual.audit import cli as audit_cli
 
     audit_cli.add_parser(sub, add_run_options)
+
+    from kvqual.calibrate import cli as calibrate_cli
+
+    calibrate_cli.add_parser(sub, add_run_options)
 
     from kvqual.load import cli as load_cli
 

@@ -7,6 +7,10 @@
     ├── MismatchError             the two arms do not run what the config says  (exit 2)
     ├── LoadFileError             a --speed-from load.json missing, invalid, without a ratio, or
     │                             of other targets: names the file               (exit 2)
+    ├── CalibrationError          `kvqual calibrate`: the "known-bad" is not worse than the
+    │   │                         "known-good" on a token criterion              (exit 2)
+    │   └── CalibrationUndecided  both ordered, but their intervals overlap: more items or a
+    │                             worse known-bad would separate them            (exit 3)
     ├── ServerContractError       a server dropped data kvqual needs            (exit 4)
     │   └── EchoDisagreement      its echo logprobs of its own output disagree   (exit 4; compare
     │                             keeps going without token criteria for it)
@@ -36,6 +40,20 @@ class KvqualError(Exception):
 
 class UsageError(KvqualError):
     exit_code = 2
+
+
+class CalibrationError(KvqualError):
+    """The configs given as known-good and known-bad are not that pair on a token criterion: the
+    input is wrong, not the sample size (exit 2)."""
+
+    exit_code = 2
+
+
+class CalibrationUndecided(CalibrationError):
+    """Known-good below known-bad, but their intervals overlap: like an INCONCLUSIVE verdict, more
+    data would decide it (exit 3)."""
+
+    exit_code = 3
 
 
 class ConfigError(KvqualError):

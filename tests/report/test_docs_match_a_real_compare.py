@@ -32,6 +32,8 @@ NOT_REACHED_HERE = {
     "capacity.": "tests/fakeserver.py reports no KV capacity (tests/test_sglang.py checks these keys)",
     "steady_speed": "written only with --speed-from (tests/test_speed_from.py checks these keys)",
     "teacher_forcing.through_cache.": "SGLang's scoring only (tests/test_sglang.py checks these keys)",
+    "verdict.on_margin.": "only when a compare stops on its margin (tests/calibrate/test_calibrate.py reads them)",
+    "verdict.planning.": "only when a plan ends undecided (tests/test_futility.py, tests/test_compare.py read them)",
 }
 
 

@@ -133,9 +133,12 @@ def _sequential(report, *, judged: int, available: int, minutes: float, n_more: 
 
 def test_more_items_are_priced_at_the_compares_own_rate(report):
     d = D.decision(_sequential(report, judged=124, available=2108, minutes=2.0, n_more=342))
-    # 2 minutes for 124 items: 342 more are ~5.5 minutes
-    assert d.next_step == ("Run about 342 more items (about 6 min at this compare's rate) to decide accuracy on "
-                           "arith (raise --max-items: 124 of 2,108 were judged); nothing was shown outside its bound.")
+    # never "raise --max-items" (issue 51): that would judge these stored answers under another plan
+    # 2 minutes for 124 items: a new compare of 466 items is ~7.5 minutes
+    assert d.next_step == ("A new compare (another --seed, or more suite items) of about 466 items in all (about "
+                           "8 min at this compare's rate) would decide accuracy on arith at this estimate; this "
+                           "compare's plan ended at 124 of 2,108 items and its answers are not judged again under "
+                           "a larger one; nothing was shown outside its bound.")
 
 
 def test_a_budget_stop_names_the_budget_not_max_items(report):

@@ -172,6 +172,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     config = _gate_flags(load_config(args.config), args)
     bm, cm = load_manifest(a), load_manifest(b)
     out = _out_dir(str(a.parent), bm.run_id, cm.run_id, args.out)
+    from kvqual.compare.planfile import check_report, recorded
+
+    folder = _out_dir(str(a.parent), bm.run_id, cm.run_id, None)
+    old = recorded(folder)
+    if old and not (args.looks or args.fixed_n):  # replay the compare's own look schedule
+        config = replace(config, gate=replace(config.gate, looks=old["looks"], first_look=old["first_look"]))
+    check_report(folder, config.gate)  # never another plan for the same answers
     warnings = verify(bm, cm, allow_mismatch=True)
     speed_from = None
     if args.speed_from:

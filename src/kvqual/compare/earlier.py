@@ -84,7 +84,7 @@ def recall(flow: Compare) -> Judgement | None:
                        speed_from=flow.speed_from)
     except (OSError, ValueError, KeyError, TypeError, KvqualError):
         return None
-    if not (report.decided or len(report.sizes) == len(plan.planned)):
+    if not (report.decided or report.on_margin or len(report.sizes) == len(plan.planned)):
         return None
     s = flow.state
     s.bm, s.cm, s.am, s.warnings, s.report, s.looks_taken = bm, cm, am, warnings, report, len(report.sizes)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvqual.compare.planfile import check_or_record, plan_of
 from kvqual.compare.progress import CompareProgress
 from kvqual.compare.verify import as_reported, verify
 from kvqual.config import Config, RunDefaults, Target
@@ -272,6 +273,9 @@ class Compare:
     def judge(self, k: int) -> Judgement:
         s = self.state
         assert s.bm is not None and s.cm is not None
+        if k == 0:  # the plan goes beside the answers; another plan for the same answers is refused (planfile.py)
+            check_or_record(self.root / f"compare-{s.bm.run_id}-vs-{s.cm.run_id}",
+                            plan_of(self.pool, self.sizes, self.config.gate), fresh=self.rerun)
         plan = LookPlan(self.pool, tuple(self.sizes[: k + 1] if s.stop else self.sizes), tuple(self.sizes), s.stop,
                         self.overlap, self.next_look if s.stop else None)
         return judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
@@ -314,9 +318,9 @@ class Compare:
         with self.progress.part("judging", 0):
             report = self.judge(k)
         self.state.report = report
-        decided = report.decided
+        decided = report.decided or report.on_margin  # on its margin: the futility stop (gate/futility.py)
         say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report.verdict.verdict}"
-            + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
+            + (" — on its margin: stopped" if report.on_margin else "") + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None
 
     async def execute(self) -> Judgement:

@@ -8,6 +8,8 @@
     tail.py        broken_share: the share of prompts the candidate broke, beyond the A/A floor's
     sequential.py  Pocock nominal levels that keep α over K looks
     verdict.py     Holm over fail tests, intersection–union over primary criteria, the replay of looks
+    futility.py    "on its margin": the predictive-power futility stop, a new compare's size
+    origin.py      where each bound came from (built-in derivation, `kvqual calibrate`, by hand)
 
 Formulas and the defaults' reasons: docs/statistics.md; error rates: docs/calibration.md.
 """

@@ -1,7 +1,8 @@
 """`[gate]` in kvqual.toml: what "as good as the baseline" means, validated.
 
 Every default has a reason in docs/statistics.md ("Defaults and why"); the two token bounds
-are derived by scripts/derive_bounds.py from known-good and known-bad configs on the default mix.
+were derived from known-good and known-bad configs on the default mix, and `kvqual calibrate`
+derives them on the user's own (its `[gate.provenance]` sub-table: gate/origin.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from kvqual.errors import ConfigError
+from kvqual.gate.origin import Calibration
 
 Mode = Literal["default", "strict"]
 Betting = Literal["running", "per_look"]
@@ -25,8 +27,8 @@ class GatePolicy:
     mode: Mode = "default"  # "strict": every suite's accuracy must be shown within the margin too
     accuracy_margin: float = 0.05  # δ: cand may lose up to 5 points of accuracy (absolute)
     max_length_drift: float = 0.10  # mean output length within ±10% of the baseline's
-    max_kl_excess: float = 0.012  # nats/token of KL(base‖cand) beyond the A/A floor (derive_bounds.py)
-    max_top1_loss: float = 0.042  # same-top-1 agreement may drop 4.2 points below the A/A floor (derive_bounds.py)
+    max_kl_excess: float = 0.012  # nats/token of KL(base‖cand) beyond the A/A floor (gate/origin.py: how it was derived)
+    max_top1_loss: float = 0.042  # same-top-1 agreement may drop 4.2 points below the A/A floor (gate/origin.py)
     max_trunc_excess: float = 0.05  # truncation (finish_reason=length) rate beyond the A/A floor (guard)
     max_loop_excess: float = 0.05  # repetition-loop rate beyond the A/A floor (guard)
     max_distinct2_loss: float = 0.05  # mean distinct-2 of the outputs may drop 5 points beyond the A/A floor (guard)
@@ -42,6 +44,7 @@ class GatePolicy:
     betting: Betting = "running"  # the token criteria's PASS side: one process over the looks at α, or one per look at α′
     min_speedup: float | None = None  # cand/base throughput ratio required; None: report only
     bootstrap_resamples: int = 0  # >0: cluster bootstrap for KL / top-1 instead of t intervals
+    provenance: Calibration | None = None  # [gate.provenance]: what `kvqual calibrate` derived the bounds from
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], path: str) -> "GatePolicy":
@@ -83,6 +86,8 @@ _INTEGERS: Mapping[str, tuple[int, str]] = {"bootstrap_resamples": (100, "must b
 
 def _check(path: str, key: str, value: Any) -> Any:
     """Type- and range-check one `[gate]` value."""
+    if key == "provenance":
+        return Calibration.from_mapping(value, path)
     if key in _CHOICES:
         if value not in _CHOICES[key]:
             words = " or ".join(f'"{c}"' for c in _CHOICES[key])

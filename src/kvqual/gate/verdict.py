@@ -10,6 +10,9 @@ Rules (docs/statistics.md, "The gate"):
 * INCONCLUSIVE otherwise, with the clusters each open primary criterion would need.
 A sequential compare stops at the first look whose verdict is PASS or FAIL; a primary
 criterion shown inside at an earlier look stays shown (its own sequential test stopped there).
+It also stops, INCONCLUSIVE, when the candidate is *on its margin*: an open criterion's interval
+holds its bound and the plan's last look would decide with less than FUTILITY_POWER at the current
+estimate (gate/futility.py, a non-binding futility stop); the verdict then carries `on_margin`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from kvqual import stats as st
 from kvqual.gate import criteria as cr
+from kvqual.gate import futility as fu
 from kvqual.gate.criteria import Criterion, Status
 from kvqual.gate.inputs import GateInputs
 from kvqual.gate.policy import GatePolicy
@@ -41,6 +45,8 @@ class Verdict:
     policy: GatePolicy = field(default_factory=GatePolicy)
     looks: tuple[dict[str, Any], ...] = ()  # trajectory: one entry per look taken
     infrastructure: str | None = None  # why the run is not trusted (too many failed requests): exit 4, no verdict
+    on_margin: Mapping[str, Any] | None = None  # the futility stop's facts (`margin_facts`), when it stopped so
+    planning: Mapping[str, Any] | None = None  # undecided at the plan's end: a *new* compare's size (`new_compare`)
 
     @property
     def exit_code(self) -> int:
@@ -58,6 +64,8 @@ class Verdict:
         }
         if self.looks:
             out["sequential"] = {"planned_looks": self.policy.looks, "looks": list(self.looks)}
+        out["on_margin"] = dict(self.on_margin) if self.on_margin else None
+        out["planning"] = dict(self.planning) if self.planning else None
         return _finite(out)
 
 
@@ -166,8 +174,7 @@ def combine(policy: GatePolicy, criteria: tuple[Criterion, ...], looks: tuple[di
         names = ", ".join(f"{c.label} (Holm p={c.p_fail_holm:.2g})" for c in failed)
         return Verdict("FAIL", criteria, f"shown outside its bound: {names}", policy, looks)
     if open_:
-        parts = [c.label + (f" (~{c.n_more} more {c.unit})" if c.n_more is not None else "") for c in open_]
-        return Verdict("INCONCLUSIVE", criteria, "not decided: " + ", ".join(parts), policy, looks)
+        return Verdict("INCONCLUSIVE", criteria, "not decided: " + ", ".join(c.label for c in open_), policy, looks)
     if not any(not c.name.startswith("failed_rate") for c in primary):
         return Verdict("INCONCLUSIVE", criteria, "no quality criterion could be evaluated", policy, looks)
     guards = [c for c in criteria if c.role == "guard" and c.status == "inconclusive"]
@@ -196,6 +203,7 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
     passed: dict[str, tuple[int, Criterion]] = {}
     rows: list[dict[str, Any]] = []
     verdict: Verdict | None = None
+    final_items = planned[-1] if planned else None
     for k, (n_items, inputs) in enumerate(looks, start=1):
         verdict = decide(policy, inputs, np.random.default_rng(rng_seed), looks=plan, passed_before=passed)
         rows.append(look_row(k, n_items, verdict))
@@ -203,6 +211,12 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
             if c.status == "pass" and c.role == "primary" and c.label not in passed:
                 passed[c.label] = (k, c)
         if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
+            break
+        n_final = int(final_items) if final_items else round(n_items * plan / k) if isinstance(plan, int) else n_items
+        facts = fu.margin_facts(verdict.criteria, verdict.policy, k, n_items, n_final)
+        if facts is not None:
+            verdict = dataclasses.replace(verdict, on_margin=facts, reason=fu.on_margin_reason(facts))
+            rows[-1] = look_row(k, n_items, verdict)
             break
     assert verdict is not None
     last = isinstance(plan, int) and len(looks) >= plan or isinstance(plan, tuple) and len(looks) >= len(plan)
@@ -215,4 +229,22 @@ def decide_sequence(policy: GatePolicy, looks: Sequence[tuple[int, GateInputs]],
             criteria = tuple(dataclasses.replace(c, infrastructure=True) if c in above else c
                              for c in verdict.criteria)
             verdict = combine(policy, criteria)
-    return dataclasses.replace(verdict, looks=tuple(rows))
+    verdict = dataclasses.replace(verdict, looks=tuple(rows))
+    spent = final_items is not None and rows[-1]["items"] >= final_items
+    if verdict.verdict == "INCONCLUSIVE" and not verdict.infrastructure and (verdict.on_margin or spent):
+        planning = fu.new_compare(verdict.criteria, verdict.policy.alpha, rows[-1]["items"])
+        reason = verdict.reason if verdict.on_margin else verdict.reason + fu.planning_words(planning)
+        verdict = dataclasses.replace(verdict, planning=planning, reason=reason)
+    return dataclasses.replace(verdict, criteria=_within_pool(verdict, final_items))
+
+
+def _within_pool(verdict: Verdict, final_items: int | None) -> tuple[Criterion, ...]:
+    """No criterion says "n more items" past what the plan's pool holds (or once the compare stopped
+    on its margin): that advice would re-judge stored answers under a larger plan (docs/ci.md); the
+    verdict's `planning` says what a new compare needs instead."""
+    looks = verdict.looks or ()
+    judged = looks[-1]["items"] if looks else None
+    left = (final_items - judged) if final_items and judged is not None else None
+    return tuple(dataclasses.replace(c, n_more=None)
+                 if c.n_more is not None and (verdict.on_margin or (left is not None and c.n_more > left)) else c
+                 for c in verdict.criteria)

@@ -112,7 +112,16 @@ class Judgement:
         return self.verdict.verdict != "INCONCLUSIVE"
 
     @property
+    def on_margin(self) -> bool:
+        """Stopped INCONCLUSIVE by the futility rule: the candidate sits on its margin (gate/futility.py)."""
+        return bool(self.verdict.on_margin)
+
+    @property
     def stop(self) -> str:
+        m = self.verdict.on_margin
+        if m and m["final_items"] > m["items"]:
+            return (f"stopped on its margin at look {m['look']} of {len(self.plan.planned)} ({m['items']} of "
+                    f"{self.plan.pool} items): the plan's last look would decide with probability {m['power']:.2f}")
         return self.plan.stop_reason(self.verdict.verdict, len(self.verdict.looks), list(self.sizes))
 
     def verdict_json(self) -> dict[str, Any]:
@@ -128,6 +137,8 @@ class Judgement:
 
     def to_json(self) -> dict[str, Any]:
         """report.json."""
-        return {**self.head, "verdict": self.verdict_json(),
+        from kvqual.gate.origin import bounds_provenance
+
+        return {**self.head, "verdict": self.verdict_json(), "provenance": bounds_provenance(self.verdict.policy),
                 "runs": {arm: r.to_json() if r is not None else None for arm, r in self.runs.items()},
                 **self.body}

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from kvqual.report.summary import capacity_line, criterion_rows, fit_line, sequential_line, tail_line, teacher_line
+from kvqual.report.summary import (bounds_line, capacity_line, criterion_rows, fit_line, sequential_line, tail_line,
+                                    teacher_line)
 
 
 def console_summary(report: Mapping[str, Any]) -> str:
@@ -49,6 +50,9 @@ def console_summary(report: Mapping[str, Any]) -> str:
     seq = sequential_line(report)
     if seq:
         lines.append(seq)
+    bounds = bounds_line(report)
+    if bounds:
+        lines.append(bounds)
     cap = capacity_line(report)
     if cap:
         lines.append(cap)

@@ -118,10 +118,16 @@ def _more_items(report: Mapping[str, Any], c: Mapping[str, Any], others: int) ->
         stop = str(seq.get("stop") or "")
         budget = "--max-minutes" if stop.startswith("max_minutes") else \
             "--budget-tokens" if stop.startswith("budget_tokens") else None
+        if not (budget and judged < available):
+            # a larger --max-items would judge the stored answers under another plan: never advised (issue 51)
+            total = judged + n
+            cost = f" (about {_duration(total * rate)} at this compare's rate)" if rate and unit == "items" else ""
+            return (f"A new compare (another --seed, or more suite items) of about {total:,} {unit} in all{of}{cost} "
+                    f"would decide {short_label(c)} at this estimate; this compare's plan ended at {judged:,} of "
+                    f"{available:,} items and its answers are not judged again under a larger one; nothing was "
+                    "shown outside its bound.")
         where = (f" (raise {budget}, or run the same command again: it continues with the next look; "
-                 f"{judged:,} of {available:,} were judged)" if budget and judged < available
-                 else f" (raise --max-items: {judged:,} of {available:,} were judged)" if judged < available
-                 else f" (add items to the suites: all {available:,} were judged)")
+                 f"{judged:,} of {available:,} were judged)")
     return (f"Run about {n:,} more {unit}{of}{cost} to decide "
             f"{short_label(c)}{where}; nothing was shown outside its bound.")
 
@@ -166,9 +172,43 @@ def decision(report: Mapping[str, Any]) -> Decision:
         else:
             why = _sentence(f"{short_label(first)} is not decided: {reading(first)} straddles its bound "
                             f"{fmt_bound(first)}{tail}.")
+        margin = get(report, "verdict", "on_margin")
+        if isinstance(margin, Mapping) and margin.get("criteria"):
+            return _on_margin(margin, tail)
+        planned = (get(report, "verdict", "planning", "criteria") or {}).get(first.get("label"))
+        if first.get("n_more") is None and isinstance(planned, Mapping) and first.get("estimate") is not None:
+            judged = get(report, "verdict", "planning", "items")
+            new = (f"a new compare (another --seed, or more suite items) needs about {planned['power_80']:,} items in all "
+                   f"for 80% power and {planned['power_90']:,} for 90% at this estimate" if planned.get("power_80")
+                   and planned.get("power_90") else "no feasible new compare decides it at this estimate")
+            return Decision(verdict, why, _sentence(f"this compare's plan ended at {judged:,} items; {new}; its "
+                                                    "answers are not judged again under a larger plan; nothing was "
+                                                    "shown outside its bound."))
         if stuck:
             return Decision(verdict, why, f"Fix what left {short_label(first)} undecided (more items will not), "
                                           "then run again; nothing was shown outside its bound.")
         return Decision(verdict, why, _more_items(report, first, others))
     return Decision(verdict, str(get(report, "verdict", "reason") or "no reason given"),
                     "Run the compare again: this report holds no verdict.")
+
+
+def _on_margin(margin: Mapping[str, Any], tail: str) -> Decision:
+    """The futility stop (gate/futility.py) in words: which criterion sits on its margin, how precise
+    that margin is, and what a *new* compare would need (never more items in this one)."""
+    first = margin["criteria"][0]
+    plan = first.get("new_compare_items") or {}
+    q = quantity(str(first.get("name") or ""))
+    ci = fmt_quantity_interval(first.get("ci_low"), first.get("ci_high"), q)
+    bound = first.get("bound_low") if first.get("bound_low") is not None else first.get("bound_high")
+    why = _sentence(f"{short_label(first)} is on its margin: {fmt_quantity(first.get('estimate'), q)} {ci} holds "
+                    f"its bound {fmt_quantity(bound, q)} ({first.get('bound_origin') or 'its bound'}){tail}.")
+    within = (f"the plan's last look ({margin['final_items']:,} items) would decide it with probability "
+              f"{margin['power']:.2f} at this estimate, so the compare stopped at {margin['items']:,} items"
+              if margin["final_items"] > margin["items"] else f"all {margin['items']:,} items of the plan are judged")
+    new = (f"a new compare (another --seed, or more suite items) needs about {plan['power_80']:,} items in all for 80% "
+           f"power and {plan['power_90']:,} for 90% at this estimate" if plan.get("power_80") and plan.get("power_90") else
+           "no feasible new compare decides it at this estimate")
+    return Decision("INCONCLUSIVE", why, _sentence(f"{within}; {new}. Decide whether a difference this close to the "
+                                                   "margin matters, or calibrate the margin on your model "
+                                                   "(kvqual calibrate) before the next compare, never to flip this "
+                                                   "one; nothing was shown outside its bound."))

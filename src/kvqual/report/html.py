@@ -164,7 +164,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         criteria=S.criterion_rows(report), arms=S.arm_rows(report), suites=S.suite_rows(report),
         tail=S.tail_rows(report), tail_header=S.TAIL_HEADER,
         notes=[x for x in (f"gate: {reason}" if reason else None, S.teacher_line(report), S.tail_line(report),
-                           S.fit_line(report), S.sequential_line(report),
+                           S.fit_line(report), S.sequential_line(report), S.bounds_line(report),
                            S.capacity_line(report), None if slower else speed) if x],
         trajectory=S.trajectory_rows(report),
         trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),

@@ -85,6 +85,18 @@ def sequential_line(report: Mapping[str, Any]) -> str | None:
             f"α′ = {fmt_num(seq.get('nominal_alpha'))} ({seq.get('planned_looks')} planned looks)")
 
 
+def bounds_line(report: Mapping[str, Any]) -> str | None:
+    """Where the bounds came from, in one line (report.json's `provenance`): the token bounds and the
+    accuracy margin always, any other bound only when it is not the built-in default."""
+    bounds = get(report, "provenance", "bounds") or {}
+    if not bounds:
+        return None
+    always = ("max_kl_excess", "max_top1_loss", "accuracy_margin")
+    parts = [f"{f} {fmt_num(b.get('value'))} ({b.get('text')})" for f, b in bounds.items()
+             if isinstance(b, Mapping) and (f in always or b.get("source") != "built-in")]
+    return "bounds: " + "; ".join(parts) if parts else None
+
+
 def trajectory_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The primary criteria's intervals at each look: (header, rows)."""
     seq = get(report, "verdict", "sequential") or {}

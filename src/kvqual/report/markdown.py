@@ -103,6 +103,7 @@ def _head(report: Mapping[str, Any]) -> list[str]:
              f"- **Why:** {inline(decision.why)}",
              f"- **Next:** {inline(decision.next_step)}"]
     extras = (S.teacher_line(report), S.tail_line(report), S.fit_line(report), S.sequential_line(report),
+              S.bounds_line(report),
               S.capacity_line(report))
     lines += [f"- {inline(x)}" for x in extras if x]
     speed = _speed_bullet(report)

@@ -15,8 +15,9 @@ from typing import Any
 
 from kvqual.report.fmt import (MISSING, NOT_MEASURED, num, get, sig3, fmt_num, quantity, fmt_quantity, fmt_quantity_interval, fmt_pct, fmt_interval, fmt_time, fmt_scale, fmt_bound)
 # the one-line facts and the trajectory: their own module, their names here too
-from kvqual.report.lines import (TAIL_HEADER, capacity_line, exit_code, fit_line, sequential_line,  # noqa: F401
-                                 tail_line, tail_rows, teacher_line, title, trajectory_rows, verdict_line)
+from kvqual.report.lines import (TAIL_HEADER, bounds_line, capacity_line, exit_code, fit_line,  # noqa: F401
+                                 sequential_line, tail_line, tail_rows, teacher_line, title, trajectory_rows,
+                                 verdict_line)
 
 SCHEMA_VERSION = 1
 
