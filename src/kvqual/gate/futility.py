@@ -26,6 +26,7 @@ so the stop errs toward stopping: a cost in power (measured above), never in err
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -70,15 +71,28 @@ def side_of(c: Criterion) -> Side | None:
     return Side(est, max(est - lo, 0.0) / z, max(hi - est, 0.0) / z, b_lo, b_hi)
 
 
-def conditional_power(c: Criterion, n_now: int, n_final: int, predictive: bool = True) -> tuple[float, float] | None:
+# criteria whose PASS side is a betting bound (gate/tokens.py, gate/tail.py): with nothing or little above
+# zero its width shrinks as 1/n, not 1/√n, so the normal projection below would call a PASS that more items
+# bring (an unchanged config on a 500-item pool) futile
+BETTING = ("kl_excess", "top1_loss", "broken_share")
+
+
+def conditional_power(c: Criterion, n_now: int, n_final: int, predictive: bool = True,
+                      running_alpha: float | None = None) -> tuple[float, float] | None:
     """(P(pass), P(fail)) at the plan's last look; None when the criterion has no interval to read. At
     the last look itself (n_final ≤ n_now): nothing more to learn, (0, 0). `predictive` (the default):
-    averaged over the truth's uncertainty now; False: the truth taken to be the estimate now."""
+    averaged over the truth's uncertainty now; False: the truth taken to be the estimate now.
+    `running_alpha`: the token criteria's PASS side is one betting process tested at this α; for those
+    whose estimate is inside the bound, P(pass) is 1 when the betting arithmetic reaches the bound by the
+    last look at the rate seen (`tail.units_to_bound`, exact for the share of broken prompts; for the
+    token means, whose bound shrinks at least as fast as a t bound, the normal projection at α), else 0."""
     s = side_of(c)
     if s is None:
         return None
     if n_final <= n_now:
         return 0.0, 0.0
+    if running_alpha is not None and c.name in BETTING and s.high is not None and s.est < s.high:
+        return _betting_power(c, s, n_now, n_final, running_alpha, predictive)
     z = float(norm.isf(c.level))  # type: ignore[arg-type]
     shrink = math.sqrt(n_now / n_final)
     spread = math.sqrt((n_final - n_now) / n_final) if predictive else math.sqrt(n_now * (n_final - n_now)) / n_final
@@ -98,14 +112,33 @@ def conditional_power(c: Criterion, n_now: int, n_final: int, predictive: bool =
     return p_pass, min(1.0, p_fail)
 
 
-def decided_power(criteria: Sequence[Criterion], n_now: int, n_final: int, predictive: bool = True) -> float | None:
+def _betting_power(c: Criterion, s: Any, n_now: int, n_final: int, alpha: float,
+                   predictive: bool) -> tuple[float, float]:
+    """`conditional_power` for a betting PASS side with the estimate inside its bound (its docstring)."""
+    from kvqual.gate.tail import units_to_bound
+
+    fail = conditional_power(dataclasses.replace(c, name="_"), n_now, n_final, predictive)
+    p_fail = fail[1] if fail is not None else 0.0
+    units_final = c.n * n_final / n_now  # independent units scale with the items
+    if c.name == "broken_share":
+        # the units a path growing at the rate seen takes from its start (the seen ones' growth included)
+        more = units_to_bound(s.high, alpha, max(0, round(s.est * c.n)), c.n)
+        need = None if more is None else more - c.n
+        return (1.0 if need is not None and need <= units_final else 0.0), p_fail
+    z = float(norm.isf(alpha))
+    return (1.0 if s.est + z * s.se_high * math.sqrt(n_now / n_final) < s.high else 0.0), p_fail
+
+
+def decided_power(criteria: Sequence[Criterion], n_now: int, n_final: int, predictive: bool = True,
+                  running_alpha: float | None = None) -> float | None:
     """Upper bound on the chance the plan's last look decides the verdict (the module docstring);
     None when some open criterion cannot be read (then no futility stop)."""
     open_primary = [c for c in criteria if c.role == "primary" and c.status == "inconclusive"]
     open_any = [c for c in criteria if c.status == "inconclusive" and c.p_fail is not None]
     if not open_primary or any(c.infrastructure for c in open_primary):
         return None
-    powers = {id(c): conditional_power(c, n_now, n_final, predictive) for c in {id(c): c for c in open_primary + open_any}.values()}
+    powers = {id(c): conditional_power(c, n_now, n_final, predictive, running_alpha)
+              for c in {id(c): c for c in open_primary + open_any}.values()}
     if any(powers[id(c)] is None for c in open_primary):
         return None
     p_pass = min(powers[id(c)][0] for c in open_primary)  # type: ignore[index]
@@ -139,7 +172,8 @@ def margin_facts(criteria: Sequence[Criterion], policy: Any, look: int, n_items:
     than FUTILITY_POWER at the current estimates; else the facts report.json carries as `on_margin`:
     the look, the chance of deciding, and each open primary criterion with its interval, its bound's
     origin and precision, and the total items a new compare would need for 80% / 90% power."""
-    power = decided_power(criteria, n_items, n_final)
+    power = decided_power(criteria, n_items, n_final,
+                          running_alpha=policy.alpha if getattr(policy, "betting", None) == "running" else None)
     if power is None or power >= FUTILITY_POWER:
         return None
     if n_final <= n_items and not any(  # the plan ended: on its margin only if no feasible size decides it
@@ -159,6 +193,9 @@ def margin_facts(criteria: Sequence[Criterion], policy: Any, look: int, n_items:
                      "bound_range": origin.get("range") if origin else None,
                      "new_compare_items": {f"power_{round(p * 100)}": items_for_power(c, n_items, policy.alpha, p)
                                            for p in PLAN_POWERS}})
+    by_name = {c.label: c for c in criteria}
+    alpha = policy.alpha if getattr(policy, "betting", None) == "running" else None
+    rows.sort(key=lambda r: (conditional_power(by_name[r["label"]], n_items, n_final, True, alpha) or (0.0, 0.0))[0])
     return {"look": look, "items": n_items, "final_items": n_final, "power": round(power, 4),
             "futility_power": FUTILITY_POWER, "criteria": rows}
 
@@ -184,8 +221,14 @@ def on_margin_reason(facts: Mapping[str, Any]) -> str:
         plan = r["new_compare_items"]
         new = (f"a new compare needs ~{plan['power_80']:,} items for 80% power, ~{plan['power_90']:,} for 90%"
                if plan.get("power_80") and plan.get("power_90") else "no feasible new compare decides it at this estimate")
-        parts.append(f"{r['label']} {_show(name, r['estimate'], r['ci_low'], r['ci_high'])} holds its bound {bound} "
-                     f"({r['bound_origin'] or 'its bound'}); {new}")
+        est = r["estimate"]
+        inside = est is not None and (lo is None or est > lo) and (hi is None or est < hi)
+        # an estimate inside its bound that the plan's items cannot show inside (the share of broken prompts
+        # on a pool short of the ~400 it takes) is not near its bound: say so, not "holds its bound"
+        verb = "is inside its bound" if inside and name == "broken_share" else "holds its bound"
+        parts.append(f"{r['label']} {_show(name, est, r['ci_low'], r['ci_high'])} {verb} {bound} "
+                     f"({r['bound_origin'] or 'its bound'})"
+                     + (", but this plan's items cannot show it" if verb == "is inside its bound" else "") + f"; {new}")
     return "on its margin: " + "; ".join(parts)
 
 

@@ -19,7 +19,7 @@ from kvqual.errors import ConfigError
 # criterion name (as the gate emits it) → the [gate] field that bounds it
 BOUND_FIELD: Mapping[str, str] = {
     "accuracy": "accuracy_margin", "accuracy_pooled": "accuracy_margin", "kl_excess": "max_kl_excess",
-    "top1_loss": "max_top1_loss", "length_ratio": "max_length_drift", "truncation_excess": "max_trunc_excess",
+    "top1_loss": "max_top1_loss", "broken_share": "max_broken_share", "length_ratio": "max_length_drift", "truncation_excess": "max_trunc_excess",
     "loop_excess": "max_loop_excess", "distinct2_loss": "max_distinct2_loss",
     "length_ks_excess": "max_length_ks_excess", "cache_path": "max_cache_kl_excess",
     "failed_rate_baseline": "max_failed_rate", "failed_rate_candidate": "max_failed_rate", "speedup": "min_speedup",
