@@ -153,6 +153,17 @@ def items_for_power(c: Criterion, n_now: int, alpha: float, power: float) -> int
     s = side_of(c)
     if s is None or n_now < 1:
         return None
+    if c.name == "broken_share" and s.high is not None and s.est < s.high and c.n:
+        # a betting bound on a share near zero: the units it takes at the rate seen (tail.units_to_bound), in items
+        from kvqual.gate.tail import units_to_bound
+
+        more = units_to_bound(s.high, alpha, max(0, round(s.est * c.n)), c.n)
+        return None if more is None else math.ceil((more - c.n) * n_now / c.n)
+    if c.name in BETTING and s.high is not None and s.est < s.high and c.ci_high is not None and c.ci_high > s.high:
+        # a betting bound with little spread narrows as 1/n (at most as 1/√n: the projection below): the
+        # items at which its width now, so narrowed, fits the gap
+        n = math.ceil(n_now * (c.ci_high - s.est) / (s.high - s.est))
+        return None if n > min(ABSURD * n_now, 1_000_000) else n
     gaps = [(b - s.est, s.se_high if s.est < b else s.se_low) for b in (s.low, s.high) if b is not None]
     if not gaps:
         return None
