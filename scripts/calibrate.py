@@ -767,7 +767,8 @@ def tables(cell: Callable[..., dict[bool, Cell]], R: int) -> dict[str, Any]:
     res["tails"] = {label: cell(f"tail:{label}", DEFAULT_POOL, GPU, eff) for label, eff in TAILS.items()}
     running = {"A/A, deterministic": res["aa"][("det", DEFAULT_POOL)], "A/A, GPU pattern": res["aa"][("gpu", DEFAULT_POOL)],
                WORKING_LABEL: res["power"][WORKING_LABEL]}
-    res["designs"] = {label: (running.get(label) or cell("bound:kl_excess", DEFAULT_POOL, nz, eff, 1, criterion="kl_excess"),
+    res["designs"] = {label: (running[label] if label in running else
+                              cell("bound:kl_excess", DEFAULT_POOL, nz, eff, 1, criterion="kl_excess"),
                               cell(f"design:{label}", DEFAULT_POOL, nz, eff, 1, policy=PER_LOOK,
                                    criterion="kl_excess" if "bound" in label else None))
                       for label, (nz, eff) in DESIGN_CELLS.items()}
