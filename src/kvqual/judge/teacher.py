@@ -103,8 +103,11 @@ def _unpaired_reason(ref: Forcing, other: Forcing, k: Key) -> str:
 
 
 
-def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tuple[TokenPairs | None, TokenCoverage]:
-    """Per-unit KL and top-1 against the A/A floor, and why the pairs left out were left out.
+def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key],
+                unanswered: int = 0) -> tuple[TokenPairs | None, TokenCoverage]:
+    """Per-unit KL and top-1 against the A/A floor over `keys` (the pairs both arms answered), and
+    why the pairs left out were left out; `unanswered`: the pairs not in `keys` because an arm's
+    answer failed after its retries (out of the coverage, counted to tell what caused a shortfall).
 
     The floor is the second teacher-forcing pass on the baseline server. When that pass
     reproduced the first bit for bit on at least MIN_REPRODUCED items, the server scores
@@ -133,7 +136,7 @@ def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key]) -> tup
             continue
         rows.append((k, ab[0], aa[0], ab[1], aa[1]))
     failed = sum(n for why, n in reasons.items() if str(why).startswith(FAILED))
-    coverage = TokenCoverage(True, len(keys), len(rows), reasons, failed)
+    coverage = TokenCoverage(True, len(keys), len(rows), reasons, failed, unanswered)
     if len(rows) < 2:
         return None, coverage
     note = (f"A/A floor: the second pass reproduced the first bit for bit on {len(again)} items, so the floor is 0"
