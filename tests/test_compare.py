@@ -376,7 +376,8 @@ def test_a_budget_stops_before_a_look_it_cannot_afford_and_prices_it(tmp_path, f
     """A server-time budget only cuts a compare short: after the first look (124 of 300 items) the next
     look (the rest) is priced at the rate so far, and a budget it would pass stops the compare there, the
     look not taken in the report; the same command with a larger budget continues on the same plan."""
-    setup(tmp_path, fake_server, ["--wrong-rate", "0.06", "--delay", "0.05"], n=300)  # undecided at 124 items (deterministic)
+    # undecided at 124 items (deterministic); echo noise: the candidate's scoring is not blind to its cache
+    setup(tmp_path, fake_server, ["--wrong-rate", "0.05", "--delay", "0.05", "--echo-noise", "1e-6"], n=300)
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-minutes", "0.01")
     assert r.returncode == 3, r.stdout + r.stderr
     seq = report_of(tmp_path)["verdict"]["sequential"]
@@ -384,6 +385,12 @@ def test_a_budget_stops_before_a_look_it_cannot_afford_and_prices_it(tmp_path, f
     assert seq["stop"].startswith("stopped at look 1 of 2 (124 items): max_minutes 0.01: the next look (300 items)")
     nxt = seq["next_look"]
     assert nxt["look"] == 2 and nxt["items"] == 300 and nxt["minutes"] > 0 and nxt["tokens"] > 0
+    # what to do next names the budget that stopped it, in report.md and on the console alike (it once said
+    # "raise --max-items" in every real report: the advice tested a stop reason the judge never writes)
+    advice = "raise --max-minutes, or run the same command again: it continues with the next look"
+    md = next((tmp_path / "results").glob("compare-*/report.md")).read_text()
+    assert advice in md and "--max-items" not in md
+    assert any(line.startswith("next: ") and advice in line for line in r.stdout.splitlines()), r.stdout
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-minutes", "0")
     seq = report_of(tmp_path)["verdict"]["sequential"]
     assert seq["next_look"] is None and [x["items"] for x in seq["looks"]] == [124, 300], r.stdout + r.stderr

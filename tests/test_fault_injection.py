@@ -394,3 +394,23 @@ def test_a_server_that_hangs_during_teacher_forcing_is_an_infrastructure_fault_i
     assert rc == 4, out + err
     last = err.strip().splitlines()[-1]
     assert last.startswith("kvqual: error: cand: teacher forcing: no answer for"), last
+
+
+def test_one_answer_refused_for_good_at_the_coverage_minimum_is_infrastructure_never_more_items(
+        tmp_path, fake_server, proxy):
+    """Issue 53: a fifth of the items are chat (no token ids: no token metrics), so token coverage sits
+    at its 80% minimum; one baseline answer refused for good (1%, inside max_failed_rate) left 79/99 and
+    the gate asked for "~1 more items" from a spent pool (exit 3). The shortfall is the failure's: exit 4,
+    one short line that says to run again, and no note that would judge the same files again."""
+    base = fake_server("--kv-cache-dtype", "bf16")
+    cand = fake_server("--kv-cache-dtype", "fp8_e4m3", "--echo-noise", "1e-6")  # as good, its scoring not blind
+    refuse = proxy(base.port, "--http503", "1.0", "--paths", REQUESTS, "--body", r"Question 0: \[\[")
+    work = workdir(tmp_path / "w", refuse.base_url, cand.base_url)
+    rc, out, err = finish(start(work, "compare", "base", "cand", "--suite", "s.jsonl", "--retries", "1"))
+    assert rc == 4 and "Traceback" not in err, out + err
+    tf = report_of(work)["teacher_forcing"]
+    assert (tf["pairs"], tf["usable"]) == (N - 1, N * 4 // 5 - 1), tf  # the refused pair is out of the coverage
+    first = out.splitlines()[0]
+    assert "infrastructure" in first and "run the same command again" in first and len(first) < 300, first
+    assert out.splitlines()[1].startswith("next: Run the same command again"), out
+    assert not list((work / "results" / ".compares").glob("*.json"))  # run again, it asks the servers again

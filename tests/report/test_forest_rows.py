@@ -141,13 +141,16 @@ def test_more_items_are_priced_at_the_compares_own_rate(report):
 def test_a_budget_stop_names_the_budget_not_max_items(report):
     """The README's run stopped on max_minutes; its advice once said 'raise --max-items', which was not set."""
     r = _sequential(report, judged=252, available=2108, minutes=4.9, n_more=249)
-    r["verdict"]["sequential"]["stop"] = ("max_minutes 5: the next look (511 items) would take ~4.9 more minutes at "
-                                          "the rate so far, past the budget")
+    # as the judge writes it (judge/record.py: LookPlan.stop_reason, and the budget as a field)
+    r["verdict"]["sequential"].update(stop="stopped at look 2 of 5 (252 items): max_minutes 5: the next look (511 "
+                                      "items) would take ~4.9 more minutes at the rate so far, past the budget",
+                                      budget="max_minutes")
     assert D.decision(r).next_step == (
         "Run about 249 more items (about 5 min at this compare's rate) to decide accuracy on arith (raise "
         "--max-minutes, or run the same command again: it continues with the next look; 252 of 2,108 were "
         "judged); nothing was shown outside its bound.")
-    r["verdict"]["sequential"]["stop"] = "budget_tokens 1000 reached (1203 generated)"
+    r["verdict"]["sequential"].update(stop="stopped at look 2 of 5 (252 items): budget_tokens 1000 reached (1203 "
+                                      "generated)", budget="budget_tokens")
     assert "(raise --budget-tokens, or run the same command again" in D.decision(r).next_step
 
 

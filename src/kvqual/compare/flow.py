@@ -108,6 +108,7 @@ class Compare:
         self.rounds_started: float | None = None  # when the first round began (server starts are not server time)
         self.round_began: float | None = None  # when the latest round began
         self.next_look: dict[str, Any] | None = None  # the look a budget stopped before: its items and cost
+        self.budget: str | None = None  # which budget stopped it: "max_minutes" or "budget_tokens"
         self.together = True
         self.tokens_spent = 0
         self.base_rounds, self.base_stop = len(self.sizes), None  # baseline rounds run (separate servers)
@@ -258,7 +259,7 @@ class Compare:
         s = self.state
         assert s.bm is not None and s.cm is not None
         plan = LookPlan(self.pool, tuple(self.sizes[: k + 1] if s.stop else self.sizes), tuple(self.sizes), s.stop,
-                        self.overlap, self.next_look if s.stop else None)
+                        self.overlap, self.next_look if s.stop else None, self.budget if s.stop else None)
         return judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,
@@ -283,8 +284,10 @@ class Compare:
         if run.max_minutes and minutes + more > run.max_minutes:
             why = (f"max_minutes {run.max_minutes:g}: the next look ({self.sizes[k + 1]} items) would take "
                    f"~{more:.1f} more minutes at the rate so far, past the budget")
+            self.budget = "max_minutes"
         elif run.budget_tokens is not None and self.tokens_spent >= run.budget_tokens:
             why = f"budget_tokens {run.budget_tokens} reached ({self.tokens_spent} generated)"
+            self.budget = "budget_tokens"
         if why:
             self.next_look = {"look": k + 2, "items": self.sizes[k + 1], "minutes": round(more, 2),
                               "tokens": int(self.tokens_spent * both / self.sizes[k] * new_items)}
@@ -299,7 +302,8 @@ class Compare:
         with self.progress.part("judging", 0):
             report = self.judge(k)
         self.state.report = report
-        decided = report.decided
+        # requests that failed after their retries stop it too: the gate judges no later look (exit 4)
+        decided = report.decided or report.verdict.infrastructure is not None
         say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report.verdict.verdict}"
             + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None

@@ -6,13 +6,26 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from kvqual.report.decision import decision
 from kvqual.report.summary import capacity_line, criterion_rows, fit_line, sequential_line, teacher_line
+
+
+def verdict_line(report: Mapping[str, Any]) -> str:
+    """The first line: the verdict and the gate's reason; an infrastructure stop in one short line
+    naming what failed (each criterion's detail is in the report, not repeated here)."""
+    v = report["verdict"]
+    if not v.get("infrastructure"):
+        return f"{v['verdict']}: {v['reason']}"
+    hit = [c["label"] for c in v["criteria"] if c.get("infrastructure") and c.get("status") != "pass"]
+    return (f"{v['verdict']} (infrastructure, exit 4): requests failed after their retries, leaving "
+            f"{', '.join(hit) or 'the run'} undecided; run the same command again to retry them "
+            f"(details in report.md)")
 
 
 def console_summary(report: Mapping[str, Any]) -> str:
     """The summary `compare` and `report` print (stdout; stderr with --json)."""
     v = report["verdict"]
-    lines = [f"{v['verdict']}: {v['reason']}"]
+    lines = [verdict_line(report), f"next: {decision(report).next_step}"]
     for line in (teacher_line(report), fit_line(report)):
         if line:
             lines.append(line)

@@ -114,10 +114,9 @@ def _more_items(report: Mapping[str, Any], c: Mapping[str, Any], others: int) ->
                 f"difference that small matters before running more; nothing was shown outside its bound.")
     where = ""
     if isinstance(judged, int) and available:
-        # which limit stopped it: a budget (the same command again takes the next look), or --max-items
-        stop = str(seq.get("stop") or "")
-        budget = "--max-minutes" if stop.startswith("max_minutes") else \
-            "--budget-tokens" if stop.startswith("budget_tokens") else None
+        # which limit stopped it: a budget (the same command again takes the next look), or --max-items;
+        # read from the field the judge writes (the stop reason is prose for people)
+        budget = {"max_minutes": "--max-minutes", "budget_tokens": "--budget-tokens"}.get(seq.get("budget") or "")
         where = (f" (raise {budget}, or run the same command again: it continues with the next look; "
                  f"{judged:,} of {available:,} were judged)" if budget and judged < available
                  else f" (raise --max-items: {judged:,} of {available:,} were judged)" if judged < available
@@ -150,6 +149,11 @@ def decision(report: Mapping[str, Any]) -> Decision:
                   "section first") if shown_slower(report) else ""
         return Decision(verdict, f"All {len(primary)} primary criteria are shown inside their bounds{tail}.",
                         f"{cand} can ship on these criteria{slower}.")
+    if verdict == "INCONCLUSIVE" and get(report, "verdict", "infrastructure"):
+        return Decision(verdict, _sentence(f"requests failed after their retries: "
+                                           f"{get(report, 'verdict', 'infrastructure')}."),
+                        "Run the same command again: it keeps every answer on disk and sends the failed requests "
+                        "again; if they fail again, read the servers' logs.")
     if verdict == "INCONCLUSIVE":
         if not open_:
             return Decision(verdict, "No quality criterion could be evaluated: only request failures were judged.",
