@@ -187,12 +187,12 @@ def test_token_criteria_that_cannot_be_measured_never_pass(tmp_path, fake_server
     assert criterion(rep, "kl_excess")["status"] == "inconclusive"
     assert rep["teacher_forcing"]["usable"] == 0 and rep["teacher_forcing"]["pairs"] == 120
     assert "cannot be forced exactly" in " ".join(rep["teacher_forcing"]["left_out"])
-    assert r.stdout.splitlines()[1].startswith("teacher forcing: token metrics on 0 of 120 pairs (0%)")
+    assert r.stdout.splitlines()[2].startswith("teacher forcing: token metrics on 0 of 120 pairs (0%)")
     md = next((tmp_path / "results").glob("compare-*/report.md")).read_text()
     assert "token metrics on 0 of 120 pairs" in md.split("### Criteria")[0]
     off = kvqual(tmp_path, "compare", "base", "cand", "--suite", "chat.jsonl", "--no-teacher-forcing")
     assert off.returncode == 0, off.stdout + off.stderr  # the rest decides; the report says what is missing
-    assert off.stdout.splitlines()[1].startswith("teacher forcing OFF")
+    assert off.stdout.splitlines()[2].startswith("teacher forcing OFF")
 
 
 def test_an_interrupted_or_extended_compare_reuses_every_answer(tmp_path, fake_server):
