@@ -310,6 +310,29 @@ def test_a_keepalive_connection_closed_by_the_server_is_a_reconnect_not_a_retry(
     assert (on_disk["counts"]["retries"], on_disk["counts"]["reconnects"]) == (0, 11)
 
 
+def test_a_keepalive_connection_reset_before_the_response_is_a_reconnect_not_a_retry(tmp_path):
+    """Issue 53: a reset (not a clean close) on a reused connection before any byte of the response is
+    the server's keep-alive timeout too, and cost an attempt; now it is a free reconnect."""
+    server = LoopbackServer(close="reset-reused")
+    s = suite(tmp_path, [{"id": f"i{i}", "prompt": f"p{i}"} for i in range(12)])
+    m = run(tmp_path, server, s, top_logprobs=0, concurrency=1)
+    samples = load_samples(tmp_path / "results" / m.run_id)
+    assert m.status == "complete" and all(x.ok and x.attempts == 1 for x in samples.values())
+    assert server.closed == 11 and (m.counts["retries"], m.counts["reconnects"]) == (0, 11)
+
+
+def test_a_reset_on_a_fresh_connection_is_a_failure_not_a_reconnect(tmp_path):
+    """What a crashed server's socket sends: every request reset, on new connections as well. No free
+    reconnect: each reset spends an attempt."""
+    server = LoopbackServer(close="reset")
+    s = suite(tmp_path, [{"id": "a", "prompt": "pa"}])
+    with pytest.raises(InfrastructureError):
+        run(tmp_path, server, s, top_logprobs=0, retries=1)
+    (run_dir,) = (tmp_path / "results").glob("t-*")
+    (x,) = load_samples(run_dir).values()
+    assert x.attempts == 2 and server.posts == 2 and load_manifest(run_dir).counts["reconnects"] == 0
+
+
 def test_a_server_that_always_closes_unanswered_fails_after_bounded_reconnects_and_retries(tmp_path):
     from kvqual.retry import MAX_RECONNECTS
 
