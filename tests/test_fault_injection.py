@@ -414,3 +414,17 @@ def test_one_answer_refused_for_good_at_the_coverage_minimum_is_infrastructure_n
     assert "infrastructure" in first and "run the same command again" in first and len(first) < 300, first
     assert out.splitlines()[1].startswith("next: Run the same command again"), out
     assert not list((work / "results" / ".compares").glob("*.json"))  # run again, it asks the servers again
+
+
+def test_one_deadline_for_every_request_flush_cache_included(tmp_path, fake_server, proxy):
+    """Issue 53: `/flush_cache` was asked with a fixed 30 s timeout while `--timeout 3` held elsewhere
+    (a run took 35.6 s, 30 of them silent). A server that never answers it costs the run's timeout."""
+    server = fake_server("--kv-cache-dtype", "bf16")
+    hangs = proxy(server.port, "--stall", "1.0", "--paths", r"^/flush_cache$")
+    work = workdir(tmp_path / "w", hangs.base_url, hangs.base_url, n=10)
+    t0 = time.monotonic()
+    rc, out, err = finish(start(work, "run", "base", "--suite", "s.jsonl", "--timeout", "2"))
+    took = time.monotonic() - t0
+    assert rc == 0, out + err
+    assert hangs.faults()["by_path"] == {"/flush_cache": {"stall": 1}}  # it was asked, and never answered
+    assert took < 28, took  # the fixed 30 s alone was more

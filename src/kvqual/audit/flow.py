@@ -35,7 +35,7 @@ from kvqual.judge.arms import Forcing, floor_reproduced, forcing_of
 from kvqual.judge.audit import judge_audit
 from kvqual.news import say
 from kvqual.plan import item_order, next_round_time
-from kvqual.probe import describe
+from kvqual.probe import describe, probe_timeout
 from kvqual.records import Item, RunManifest, Sample, SuiteRef, TokenLogprobs, dumps_line
 from kvqual.runner import run_target
 from kvqual.store import load_samples
@@ -144,8 +144,10 @@ class Audit:
 
     async def _looks(self, ref: Target, cand: Target | None) -> AuditResult:
         self.out.mkdir(parents=True, exist_ok=True)
-        limit = await forcing.common_window_limit(ref, cand) if cand is not None else None
-        cand_info = await describe(cand.base_url, cand.api_key(), timeout=30.0) if cand is not None else {}
+        limit = await forcing.common_window_limit(ref, cand, timeout=probe_timeout(self.run.timeout)) \
+            if cand is not None else None
+        cand_info = await describe(cand.base_url, cand.api_key(), timeout=probe_timeout(self.run.timeout)) \
+            if cand is not None else {}
         started, spent, last = time.monotonic(), 0.0, 0.0
         verdict, figures, stop, floor_m = None, {}, "", None
         budget = (self.run.max_minutes or 0) * 60

@@ -34,6 +34,7 @@ from kvqual.judge.record import Judgement, LookPlan
 from kvqual.judge.arms import MIN_REPRODUCED, floor_reproduced, forcing_of
 from kvqual.news import say
 from kvqual.plan import item_order, next_round_time, plan_units
+from kvqual.probe import probe_timeout
 from kvqual.records import RunManifest
 from kvqual.runner import progress_mode, run_target
 from kvqual.store import load_samples
@@ -115,6 +116,7 @@ class Compare:
         # the prompt tokens a teacher-forcing window may hold on every scoring server of this comparison: the
         # smaller of the two servers' max_model_len − 1, so both arms score a long completion in the same windows
         self.window_limit: int | None = None
+        self.probe_s = probe_timeout(run.timeout)  # what a server is asked about itself waits: --timeout, at most 30 s
         # overlap a round's parts on one server (fuller batches, ~a third less wall time on CPU) unless speed
         # is gated on the answers: then each arm's answers run alone, so its per-request speed is measured on
         # equal terms (a --speed-from load.json measured speed apart: the answers' speed is not judged)
@@ -201,7 +203,7 @@ class Compare:
         bm = self.state.bm
         assert bm is not None
         if first:  # refuse a comparison of the wrong thing before spending server time on it
-            reported = await as_reported(t, bm)
+            reported = await as_reported(t, bm, self.probe_s)
             self.state.warnings = verify(bm, reported, self.allow_mismatch)
             if self.speed_from is not None:  # the load measured these servers (the candidate's URLs, not bm's)
                 self.speed_from.check_served(bm, replace(reported, base_urls=tuple(t.base_urls)))
@@ -325,7 +327,7 @@ class Compare:
             if together:
                 async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
                     if self.tf:
-                        self.window_limit = await forcing.common_window_limit(b, c)
+                        self.window_limit = await forcing.common_window_limit(b, c, timeout=self.probe_s)
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k))
                         show.start_round(k)
@@ -338,7 +340,7 @@ class Compare:
             else:
                 async with serving(self.base_t, rd) as b:
                     if self.tf:  # the candidate's server is not up yet: the baseline's own limit
-                        self.window_limit = await forcing.common_window_limit(b)
+                        self.window_limit = await forcing.common_window_limit(b, timeout=self.probe_s)
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k, "baseline"))
                         show.start_round(k)
@@ -350,7 +352,7 @@ class Compare:
                             break
                 async with serving(self.cand_t, rd) as c:
                     if self.tf:
-                        self._candidate_window_limit(await forcing.common_window_limit(c))
+                        self._candidate_window_limit(await forcing.common_window_limit(c, timeout=self.probe_s))
                     for k in range(self.base_rounds):
                         show.expect(self.planned_round(k, "candidate"))
                         show.start_round(k)
