@@ -151,6 +151,14 @@ def test_resume_after_sigkill(tmp_path, fake_server):
     proc.wait()
     answered_before = {json.loads(l)["id"] for l in files[0].read_text().splitlines() if l.strip()}
     assert 20 <= len(answered_before) < 60
+    # the killed run's manifest said "running" with empty counts; the next reader marks it interrupted and
+    # counts what is on disk, on disk too (issue 53)
+    assert json.loads((files[0].parent / "manifest.json").read_text())["status"] == "running"
+    read = load_manifest(files[0].parent)
+    assert read.status == "incomplete" and read.counts["interrupted"] == 1
+    assert (read.counts["ok"], read.counts["failed"]) == (len(answered_before), 0)
+    on_disk = json.loads((files[0].parent / "manifest.json").read_text())
+    assert on_disk["status"] == "incomplete" and on_disk["counts"]["ok"] == len(answered_before)
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(l) for l in files[0].read_text().splitlines()]
