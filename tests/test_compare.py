@@ -455,3 +455,26 @@ def test_identical_scores_of_identical_generations_are_judged(tmp_path, fake_ser
     kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--max-items", "40")
     rep = report_of(tmp_path)
     assert rep["teacher_forcing"]["blind"] is None and criterion(rep, "kl_excess")["status"] != "inconclusive"
+
+
+def test_a_speed_ratio_of_arms_measured_at_different_times_is_not_shown(tmp_path, fake_server):
+    """Issue 53: an A/A that reused the baseline's answers from a compare minutes earlier reported "the
+    candidate's throughput is 3.66× the baseline's" (report.md) and "candidate faster: 3.66×" (HTML).
+    Arms measured apart give no ratio, anywhere; a compare whose arms ran together still shows it."""
+    import time
+
+    setup(tmp_path, fake_server, ["--echo-noise", "1e-6"], n=124)
+    first = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert first.returncode in (0, 3), first.stdout + first.stderr
+    together = report_of(tmp_path)["speed"]
+    assert together["apart_s"] is None and together["ratio"]["estimate"] is not None
+    time.sleep(6)  # longer than either arm's answers took: the baseline's are now from another moment
+    again = kvqual(tmp_path, "compare", "base", "base", "--suite", "s.jsonl")  # reuses base's answers
+    assert again.returncode in (0, 3), again.stdout + again.stderr
+    (out,) = (tmp_path / "results").glob("compare-base-*-vs-base-*")
+    speed = json.loads((out / "report.json").read_text())["speed"]
+    assert speed["apart_s"] is not None and speed["apart_s"] >= 6 and speed["comparable"] is False
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert "throughput is" not in md and "Speed: not compared: the baseline's answers were reused from a run" in md
+    assert "candidate faster" not in page and "Throughput ratio (cand / base)" not in page and "No throughput ratio" in page
+    assert "tok/s ratio" not in next(line for line in again.stdout.splitlines() if line.startswith("speed:"))

@@ -106,6 +106,7 @@ class Compare:
         self.root = Path(run.results_dir)
         self.state = CompareState()
         self.started = time.monotonic()
+        self.started_wall = time.time()  # an arm whose run finished before this is reused whole (`earlier`)
         self.rounds_started: float | None = None  # when the first round began (server starts are not server time)
         self.round_began: float | None = None  # when the latest round began
         self.next_look: dict[str, Any] | None = None  # the look a budget stopped before: its items and cost
@@ -261,7 +262,9 @@ class Compare:
         s = self.state
         assert s.bm is not None and s.cm is not None
         plan = LookPlan(self.pool, tuple(self.sizes[: k + 1] if s.stop else self.sizes), tuple(self.sizes), s.stop,
-                        self.overlap, self.next_look if s.stop else None, self.budget if s.stop else None)
+                        self.overlap, self.next_look if s.stop else None, self.budget if s.stop else None,
+                        tuple(arm for arm, m in (("baseline", s.bm), ("candidate", s.cm))
+                              if m.finished_at is not None and m.finished_at < self.started_wall))
         return judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,

@@ -68,7 +68,7 @@ def console_summary(report: Mapping[str, Any]) -> str:
     if report.get("speed"):
         s = report["speed"]
         r = s["ratio"]
-        ratio = "" if r.get("estimate") is None else (
+        ratio = "" if r.get("estimate") is None or s.get("apart_s") is not None else (
             f"; per-request tok/s ratio {r['estimate']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
         lines.append(f"speed: {s['baseline']['output_tok_s']:.3g} → {s['candidate']['output_tok_s']:.3g} output "
                      f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}"
