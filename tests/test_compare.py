@@ -233,6 +233,23 @@ def test_a_candidate_whose_echo_cannot_be_trusted_is_judged_without_token_criter
     assert r.returncode == 3 and "kl_excess" in r.stdout.splitlines()[0], r.stdout  # never a PASS without them
 
 
+def test_a_refused_echo_stops_at_the_first_look_since_only_a_fail_could_still_come(tmp_path, fake_server):
+    """Issue 53: a refused echo still took every look (1,000 items, 3,286 requests) though a PASS was then
+    impossible. On 300 items (looks at 124 and 300) the compare stops after look 1 and says why."""
+    base = fake_server("--kv-cache-dtype", "bf16", "--length-factor", "3")
+    cand = fake_server("--kv-cache-dtype", "fp8_e4m3", "--length-factor", "3", "--echo-shift")
+    write_suite(tmp_path / "s.jsonl", [{**it, "scorer": "contains"} for it in items(300)])
+    (tmp_path / "kvqual.toml").write_text(
+        f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "bf16"\n'
+        f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8_e4m3"\n')
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode == 3, r.stdout + r.stderr
+    seq = report_of(tmp_path)["verdict"]["sequential"]
+    assert seq["planned"] == [124, 300] and [x["items"] for x in seq["looks"]] == [124], seq
+    assert "echo of cand failed the trust check" in seq["stop"] and "could only find a FAIL" in seq["stop"]
+    assert sum(v for k, v in cand.stats().items() if k.startswith("Question")) <= 124 * 2  # no second round sent
+
+
 def test_a_server_that_serves_one_request_at_a_time_makes_speed_not_comparable(tmp_path, fake_server):
     """32 requests in flight against a one-slot server: its /metrics show the queue, and the report
     says the speed figures measure it instead of quoting a ratio as if they were comparable."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kvqual.compare.progress import CompareProgress
 from kvqual.compare.verify import as_reported, verify
 from kvqual.config import Config, RunDefaults, Target
-from kvqual.forced import teacher_file
+from kvqual.forced import refusal, teacher_file
 from kvqual.forcing import rounds as forcing
 from kvqual.gate import look_sizes
 from kvqual.judge.judge import judge
@@ -251,6 +251,21 @@ class Compare:
         return floor_reproduced(forcing_of(teacher_file(base_dir, bm.run_id)), again) \
             and len(again.records) >= MIN_REPRODUCED
 
+    def _echo_refused(self) -> str | None:
+        """Why no later look may start once a server's echo failed the trust check (None: they may):
+        its token criteria can never be judged, so no look can PASS and a further look could only find
+        a FAIL; the compare stops at this look and says so."""
+        s = self.state
+        if not self.tf or s.bm is None or s.cm is None:
+            return None
+        base_dir = self.root / s.bm.run_id
+        refused = [m.target for m in (s.cm, s.bm) if refusal(base_dir, m.run_id) is not None]
+        if not refused:
+            return None
+        return (f"the echo of {refused[0]} failed the trust check, so the token criteria cannot be judged and no "
+                "look can PASS: stopped here instead of taking looks that could only find a FAIL (fix the echo, "
+                "or pass --no-teacher-forcing, and run again)")
+
     def _spent(self) -> None:
         """Generated tokens so far, every arm and the A/A replicate together (the token budget)."""
         self.tokens_spent = sum(sum(s.completion_tokens or 0 for s in load_samples(self.root / m.run_id, "inline").values())
@@ -304,6 +319,8 @@ class Compare:
         # both servers up: the budget is checked between rounds; one at a time: the baseline's rounds decided it
         self.state.stop = self.budget_left(k) if self.together else (
             self.base_stop if k + 1 == self.base_rounds else None)
+        if self.state.stop is None and k + 1 < len(self.sizes):
+            self.state.stop = self._echo_refused()
         with self.progress.part("judging", 0):
             report = self.judge(k)
         self.state.report = report
