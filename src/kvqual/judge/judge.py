@@ -322,12 +322,14 @@ def blind_scoring(bm: RunManifest, cm: RunManifest, base: Arm, cand: Arm, cand_s
     differ = sum(1 for a, s in pairs if a.text != s.text)
     if not differ:
         return None  # the same generations too: nothing says the cache was not read
-    return (f"teacher forcing cannot see {cm.target}'s KV cache: its scores of the baseline's completions are "
-            f"bit-identical to the baseline's on all {len(keys)} items though its KV dtype ({c}) is not the "
-            f"baseline's ({b}) and {differ} of its {len(pairs)} generations differ; its scoring never read K/V "
-            "back from the cache (SGLang with `sglang_score_step = 0` scores a sequence in one prefill; stepped scoring "
-            "is blind too where the server keeps no prefix in its cache), so the token criteria are left out "
-            "(docs/engines.md)")
+    # what was observed; an engine's reason only where the server said which engine it is
+    why = ("; SGLang with `sglang_score_step = 0` scores a sequence in one prefill without reading K/V back, and "
+           "stepped scoring does too where the server keeps no prefix in its cache"
+           if cm.server_info.get("engine") == "sglang" else "")
+    return (f"teacher forcing shows no effect of {cm.target}'s KV cache: its scores of the baseline's completions "
+            f"are bit-identical to the baseline's on all {len(keys)} items though its KV dtype ({c}) is not the "
+            f"baseline's ({b}) and {differ} of its {len(pairs)} generations differ, so its scoring did not read "
+            f"the cache it generates with{why}; the token criteria are left out (docs/engines.md)")
 
 
 def _refused_coverage(inputs: Any, why: str) -> Any:
