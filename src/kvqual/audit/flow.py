@@ -133,11 +133,12 @@ class Audit:
         await asyncio.gather(*(one(k) for k in keys if k not in self.audited))
 
     async def execute(self) -> AuditResult:
-        from kvqual.launch import serving
+        from kvqual.launch import serving, share_cores
 
         rd = self.run.results_dir
         if self.cand is not None:
-            async with serving(self.ref, rd) as ref, serving(self.cand, rd) as cand:
+            ref_t, cand_t = share_cores((self.ref, self.cand))  # embedded servers split the cores
+            async with serving(ref_t, rd) as ref, serving(cand_t, rd) as cand:
                 return await self._looks(ref, cand)
         async with serving(self.ref, rd) as ref:
             return await self._looks(ref, None)
