@@ -17,9 +17,8 @@ def verdict_line(report: Mapping[str, Any]) -> str:
     if not v.get("infrastructure"):
         return f"{v['verdict']}: {v['reason']}"
     hit = [c["label"] for c in v["criteria"] if c.get("infrastructure") and c.get("status") != "pass"]
-    return (f"{v['verdict']} (infrastructure, exit 4): requests failed after their retries, leaving "
-            f"{', '.join(hit) or 'the run'} undecided; run the same command again to retry them "
-            f"(details in report.md)")
+    return (f"{v['verdict']} (infrastructure, exit 4): requests failed after their retries "
+            f"({', '.join(hit) or 'the run'}); run the same command again to retry them (details in report.md)")
 
 
 def console_summary(report: Mapping[str, Any]) -> str:
