@@ -413,6 +413,7 @@ def test_one_answer_refused_for_good_at_the_coverage_minimum_is_infrastructure_n
     first = out.splitlines()[0]
     assert "infrastructure" in first and "run the same command again" in first and len(first) < 300, first
     assert out.splitlines()[1].startswith("next: Run the same command again"), out
+    assert "token metrics on 79 of 99 pairs (79.7%)" in out  # it read "(80%)" beside the gate's 79.7% < 80%
     assert not list((work / "results" / ".compares").glob("*.json"))  # run again, it asks the servers again
 
 
