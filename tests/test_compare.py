@@ -321,7 +321,7 @@ def test_a_slower_candidate_measured_like_for_like_is_flagged_next_to_the_verdic
         fh.write("[gate]\nmin_speedup = 0.1\n")  # speed gated: the rounds' parts no longer share a server
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--no-teacher-forcing")
     assert r.returncode == 1 and r.stdout.startswith("FAIL"), r.stdout + r.stderr  # ~0.006× fails min_speedup 0.1
-    note = r.stdout.splitlines()[2]  # under the verdict and the teacher-forcing line
+    note = r.stdout.splitlines()[3]  # under the verdict, the next step and the teacher-forcing line
     assert note.startswith("note: the candidate is slower: 0.") and "gated by min_speedup 0.1" in note, r.stdout
     assert report_of(tmp_path)["speed"]["slower"] == note.removeprefix("note: ")
 
