@@ -133,22 +133,3 @@ def test_kill_9_leaves_no_launched_server_and_no_key_on_disk(tmp_path):
     assert logs and "api_key=***" in logs[0].read_text()  # the line was written, scrubbed
     leaks = [str(p) for p in (tmp_path / "results").rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert not leaks, leaks
-
-
-def test_embedded_servers_launched_side_by_side_share_the_cores(capsys):
-    """Issue 53: each `kvqual serve` took every core for torch, so `compare bf16 fp8` ran 4 busy threads on
-    2 cores. Launched side by side they split them, and the launch line says so; other engines' commands
-    and a --threads already given are left alone."""
-    from kvqual.config import Target, builtin_targets
-    from kvqual.launch import share_cores
-
-    b = builtin_targets()
-    base, cand = share_cores((b["bf16"], b["fp8"]), cores=2)
-    assert base.launch == b["bf16"].launch + " --threads 1" and cand.launch == b["fp8"].launch + " --threads 1"
-    assert base.identity() == b["bf16"].identity()  # the same server: runs found before are found again
-    assert "bf16 and fp8 run side by side on 2 cores: 1 torch thread each (--threads 1)" in capsys.readouterr().err
-    assert [t.launch for t in share_cores((b["bf16"], b["bf16"]), cores=16)] == [b["bf16"].launch + " --threads 8"] * 2
-    vllm = Target("v", ("http://127.0.0.1:{port}/v1",), launch="vllm serve m --port {port}")
-    assert share_cores((b["bf16"], vllm), cores=2) == (b["bf16"], vllm)  # one embedded server: all its cores
-    pinned = Target("p", ("http://127.0.0.1:{port}/v1",), launch=b["fp8"].launch + " --threads 2")
-    assert share_cores((b["bf16"], pinned), cores=2) == (b["bf16"], pinned)

@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -204,21 +203,3 @@ async def serving(target: Target, log_dir: str) -> AsyncIterator[Target]:
         return
     async with launched(target, log_dir) as ready:
         yield ready
-
-
-EMBEDDED = " -m kvqual serve "  # a launch command that starts kvqual's reference server
-
-
-def share_cores(targets: tuple[Target, ...], cores: int | None = None) -> tuple[Target, ...]:
-    """The targets kvqual launches side by side, each embedded server (`kvqual serve`, which takes every
-    core for torch by default) given an equal share of the cores with `--threads`: two servers on 2 cores
-    ran 4 busy threads, and the README's job took 3× its idle CPU time. Said in one line; other launch
-    commands (vLLM, SGLang) and a `--threads` already set are left as they are."""
-    embedded = [t for t in targets if t.launch and EMBEDDED in f" {t.launch} " and "--threads" not in t.launch]
-    if len(embedded) < 2:
-        return targets
-    cores = cores or os.cpu_count() or 1
-    each = max(1, cores // len(embedded))
-    say(f"{' and '.join(t.name for t in embedded)} run side by side on {cores} cores: "
-        f"{each} torch thread{'s' if each != 1 else ''} each (--threads {each})")
-    return tuple(replace(t, launch=f"{t.launch} --threads {each}") if t in embedded else t for t in targets)

@@ -149,12 +149,11 @@ class Audit:
         self._save()
 
     async def execute(self) -> AuditResult:
-        from kvqual.launch import serving, share_cores
+        from kvqual.launch import serving
 
         rd = self.run.results_dir
         if self.cand is not None:
-            ref_t, cand_t = share_cores((self.ref, self.cand))  # embedded servers split the cores
-            async with serving(ref_t, rd) as ref, serving(cand_t, rd) as cand:
+            async with serving(self.ref, rd) as ref, serving(self.cand, rd) as cand:
                 return await self._looks(ref, cand)
         async with serving(self.ref, rd) as ref:
             return await self._looks(ref, None)

@@ -332,7 +332,7 @@ class Compare:
 
     async def execute(self) -> Judgement:
         from kvqual.compare.earlier import recall
-        from kvqual.launch import serving, share_cores
+        from kvqual.launch import serving
 
         if not self.rerun:
             earlier = recall(self)
@@ -345,8 +345,7 @@ class Compare:
         self.progress = show = CompareProgress(len(self.sizes), progress_mode(None))
         try:
             if together:
-                base_t, cand_t = share_cores((self.base_t, self.cand_t))  # embedded servers split the cores
-                async with serving(base_t, rd) as b, serving(cand_t, rd) as c:
+                async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
                     if self.tf:
                         self.window_limit = await forcing.common_window_limit(b, c, timeout=self.probe_s)
                     for k in range(len(self.sizes)):
