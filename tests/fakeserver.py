@@ -468,6 +468,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--echo-shift", action="store_true")
     p.add_argument("--echo-flaky", action="store_true")
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--keepalive-s", type=float, default=75.0,
+                   help="close a connection idle this long (uvicorn, which kvqual serve runs on, closes at 5 s)")
     p.add_argument("--serial", action="store_true")
     p.add_argument("--kv-cache-dtype", default=None)
     p.add_argument("--token-delay", type=float, default=0.0)
@@ -495,4 +497,5 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     args = parse_args()
     assert math.isfinite(args.wrong_rate)
-    web.run_app(make_app(args), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(make_app(args), host="127.0.0.1", port=args.port, print=None, access_log=None,
+                keepalive_timeout=args.keepalive_s)

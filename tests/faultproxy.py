@@ -21,7 +21,8 @@ drops its open connections for about a second, then listens again (a server rest
 `--hang-after N`: after N requests every request hangs, /health included (a hung server).
 
 GET /__faults (answered by the proxy itself, never faulted) returns what was injected so far:
-`{"requests": n, "forwarded": n, "restarts": n, "faults": {kind: n}, "by_path": {path: {kind: n}}}`.
+`{"requests": n, "forwarded": n, "restarts": n, "upstream_reconnects": n, "faults": {kind: n},
+"by_path": {path: {kind: n}}}`.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class FaultProxy:
         self.rng = random.Random(args.seed)
         self.paths = re.compile(args.paths) if args.paths else None
         self.bodies = re.compile(args.body.encode()) if args.body else None
-        self.requests = self.eligible_seen = self.forwarded = self.restarts = 0
+        self.requests = self.eligible_seen = self.forwarded = self.restarts = self.upstream_reconnects = 0
         self.faults: Counter[str] = Counter()
         self.by_path: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.session: aiohttp.ClientSession | None = None
@@ -92,7 +93,8 @@ class FaultProxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/__faults":
             return web.json_response({"requests": self.requests, "forwarded": self.forwarded,
-                                      "restarts": self.restarts, "faults": dict(self.faults),
+                                      "restarts": self.restarts, "upstream_reconnects": self.upstream_reconnects,
+                                      "faults": dict(self.faults),
                                       "by_path": {p: dict(c) for p, c in self.by_path.items()}})
         self.requests += 1
         if self.args.hang_after and self.requests > self.args.hang_after:
@@ -133,13 +135,25 @@ class FaultProxy:
         return web.Response(status=status, headers=headers, body=payload)
 
     async def forward(self, request: web.Request, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """The upstream's answer. A kept-alive upstream connection the upstream closed meanwhile (its
+        keep-alive timeout: uvicorn's is 5 s, shorter than this session's) is met by a close or a reset
+        before any response: sent again once on a new connection, as a reverse proxy does, so that a
+        proxy told to inject nothing injects nothing (counted in `upstream_reconnects`)."""
         assert self.session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         url = self.args.upstream.rstrip("/") + request.rel_url.path_qs
-        async with self.session.request(request.method, url, headers=headers, data=body or None) as r:
-            payload = await r.read()
-            out = {k: v for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP}
-            return r.status, out, payload
+        session = self.session
+
+        async def once() -> tuple[int, dict[str, str], bytes]:
+            async with session.request(request.method, url, headers=headers, data=body or None) as r:
+                payload = await r.read()
+                return r.status, {k: v for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP}, payload
+
+        try:
+            return await once()
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            self.upstream_reconnects += 1
+            return await once()
 
     async def restart(self) -> None:
         """Stop listening, drop every open connection, and listen again after ~1 s."""

@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -90,7 +91,8 @@ class LoopbackServer:
     """A raw HTTP/1.1 completions server on loopback whose connections the test controls.
     `close="reused"`: a completion request on a connection that already served one is met by a
     close, unanswered (what a server's keep-alive timeout looks like to a client that reuses the
-    connection); `close="always"`: every one is; `gated`: answers wait for `release()`. `answer`:
+    connection); `close="always"`: every one is; "reset-reused" and "reset": the same with a TCP
+    reset instead of a clean close; `gated`: answers wait for `release()`. `answer`:
     the completion's body for a request body (default: " ok " + its prompt); `drip`: the answer's
     headers go at once, its body one byte every `drip` seconds (a server that never quite stalls)."""
 
@@ -126,9 +128,14 @@ class LoopbackServer:
                 body = json.loads(await reader.readexactly(length)) if length else {}
                 if method == "POST" and path == "/v1/completions":
                     self.posts += 1
-                    if self.close == "always" or (self.close == "reused" and served):
+                    if self.close in ("always", "reset") or (self.close in ("reused", "reset-reused") and served):
                         self.closed += 1
-                        writer.close()
+                        if self.close.startswith("reset"):  # a TCP reset (SO_LINGER 0), not a clean close
+                            sock = writer.get_extra_info("socket")
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                            writer.transport.abort()
+                        else:
+                            writer.close()
                         return
                     served += 1
                     while not self._open.is_set():

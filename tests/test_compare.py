@@ -197,12 +197,12 @@ def test_token_criteria_that_cannot_be_measured_never_pass(tmp_path, fake_server
     assert criterion(rep, "kl_excess")["status"] == "inconclusive"
     assert rep["teacher_forcing"]["usable"] == 0 and rep["teacher_forcing"]["pairs"] == 120
     assert "cannot be forced exactly" in " ".join(rep["teacher_forcing"]["left_out"])
-    assert r.stdout.splitlines()[1].startswith("teacher forcing: token metrics on 0 of 120 pairs (0%)")
+    assert r.stdout.splitlines()[2].startswith("teacher forcing: token metrics on 0 of 120 pairs (0%)")
     md = next((tmp_path / "results").glob("compare-*/report.md")).read_text()
     assert "token metrics on 0 of 120 pairs" in md.split("### Criteria")[0]
     off = kvqual(tmp_path, "compare", "base", "cand", "--suite", "chat.jsonl", "--no-teacher-forcing")
     assert off.returncode == 0, off.stdout + off.stderr  # the rest decides; the report says what is missing
-    assert off.stdout.splitlines()[1].startswith("teacher forcing OFF")
+    assert off.stdout.splitlines()[2].startswith("teacher forcing OFF")
 
 
 def test_an_interrupted_or_extended_compare_reuses_every_answer(tmp_path, fake_server):
@@ -254,6 +254,23 @@ def test_a_candidate_whose_echo_cannot_be_trusted_is_judged_without_token_criter
     assert "teacher forcing refused on the candidate" in r.stdout and "echo looks shifted" in r.stderr
     r = pair(tmp_path / "same")
     assert r.returncode == 3 and "kl_excess" in r.stdout.splitlines()[0], r.stdout  # never a PASS without them
+
+
+def test_a_refused_echo_stops_at_the_first_look_since_only_a_fail_could_still_come(tmp_path, fake_server):
+    """Issue 53: a refused echo still took every look (1,000 items, 3,286 requests) though a PASS was then
+    impossible. On 300 items (looks at 124 and 300) the compare stops after look 1 and says why."""
+    base = fake_server("--kv-cache-dtype", "bf16", "--length-factor", "3")
+    cand = fake_server("--kv-cache-dtype", "fp8_e4m3", "--length-factor", "3", "--echo-shift")
+    write_suite(tmp_path / "s.jsonl", [{**it, "scorer": "contains"} for it in items(300)])
+    (tmp_path / "kvqual.toml").write_text(
+        f'[targets.base]\nbase_url = "{base.base_url}"\nkv_cache_dtype = "bf16"\n'
+        f'[targets.cand]\nbase_url = "{cand.base_url}"\nkv_cache_dtype = "fp8_e4m3"\n')
+    r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert r.returncode == 3, r.stdout + r.stderr
+    seq = report_of(tmp_path)["verdict"]["sequential"]
+    assert seq["planned"] == [124, 300] and [x["items"] for x in seq["looks"]] == [124], seq
+    assert "echo of cand failed the trust check" in seq["stop"] and "could only find a FAIL" in seq["stop"]
+    assert sum(v for k, v in cand.stats().items() if k.startswith("Question")) <= 124 * 2  # no second round sent
 
 
 def test_a_server_that_serves_one_request_at_a_time_makes_speed_not_comparable(tmp_path, fake_server):
@@ -327,7 +344,7 @@ def test_a_slower_candidate_measured_like_for_like_is_flagged_next_to_the_verdic
         fh.write("[gate]\nmin_speedup = 0.1\n")  # speed gated: the rounds' parts no longer share a server
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--no-teacher-forcing")
     assert r.returncode == 1 and r.stdout.startswith("FAIL"), r.stdout + r.stderr  # ~0.006× fails min_speedup 0.1
-    note = r.stdout.splitlines()[2]  # under the verdict and the teacher-forcing line
+    note = r.stdout.splitlines()[3]  # under the verdict, the next step and the teacher-forcing line
     assert note.startswith("note: the candidate is slower: 0.") and "gated by min_speedup 0.1" in note, r.stdout
     assert report_of(tmp_path)["speed"]["slower"] == note.removeprefix("note: ")
 
@@ -399,7 +416,8 @@ def test_a_budget_stops_before_a_look_it_cannot_afford_and_prices_it(tmp_path, f
     """A server-time budget only cuts a compare short: after the first look (124 of 300 items) the next
     look (the rest) is priced at the rate so far, and a budget it would pass stops the compare there, the
     look not taken in the report; the same command with a larger budget continues on the same plan."""
-    setup(tmp_path, fake_server, ["--wrong-rate", "0.06", "--delay", "0.05"], n=300)  # undecided at 124 items (deterministic)
+    # undecided at 124 items (deterministic); echo noise: the candidate's scoring is not blind to its cache
+    setup(tmp_path, fake_server, ["--wrong-rate", "0.05", "--delay", "0.05", "--echo-noise", "1e-6"], n=300)
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-minutes", "0.01")
     assert r.returncode == 3, r.stdout + r.stderr
     seq = report_of(tmp_path)["verdict"]["sequential"]
@@ -407,6 +425,12 @@ def test_a_budget_stops_before_a_look_it_cannot_afford_and_prices_it(tmp_path, f
     assert seq["stop"].startswith("stopped at look 1 of 2 (124 items): max_minutes 0.01: the next look (300 items)")
     nxt = seq["next_look"]
     assert nxt["look"] == 2 and nxt["items"] == 300 and nxt["minutes"] > 0 and nxt["tokens"] > 0
+    # what to do next names the budget that stopped it, in report.md and on the console alike (it once said
+    # "raise --max-items" in every real report: the advice tested a stop reason the judge never writes)
+    advice = "raise --max-minutes, or run the same command again: it continues with the next look"
+    md = next((tmp_path / "results").glob("compare-*/report.md")).read_text()
+    assert advice in md and "--max-items" not in md
+    assert any(line.startswith("next: ") and advice in line for line in r.stdout.splitlines()), r.stdout
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-minutes", "0")
     seq = report_of(tmp_path)["verdict"]["sequential"]
     assert seq["next_look"] is None and [x["items"] for x in seq["looks"]] == [124, 300], r.stdout + r.stderr
@@ -458,8 +482,10 @@ def test_scores_that_cannot_see_the_candidates_kv_cache_are_not_judged(tmp_path,
     assert r.returncode == 1, r.stdout + r.stderr  # accuracy still fails it
     rep = report_of(tmp_path)
     blind = rep["teacher_forcing"]["blind"]
-    assert blind.startswith("teacher forcing cannot see cand's KV cache: its scores of the baseline's completions "
-                            "are bit-identical to the baseline's on all")
+    assert blind.startswith("teacher forcing shows no effect of cand's KV cache: its scores of the baseline's "
+                            "completions are bit-identical to the baseline's on all")
+    # what was observed, and an engine named only where known (issue 53: it named SGLang on any server)
+    assert rep["runs"]["candidate"]["engine"] != "sglang" and "SGLang" not in blind, blind
     assert criterion(rep, "kl_excess")["status"] == "inconclusive" and blind in criterion(rep, "kl_excess")["detail"]
     assert blind in rep["warnings"]
 
@@ -471,3 +497,26 @@ def test_identical_scores_of_identical_generations_are_judged(tmp_path, fake_ser
     kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--fixed-n", "--max-items", "40")
     rep = report_of(tmp_path)
     assert rep["teacher_forcing"]["blind"] is None and criterion(rep, "kl_excess")["status"] != "inconclusive"
+
+
+def test_a_speed_ratio_of_arms_measured_at_different_times_is_not_shown(tmp_path, fake_server):
+    """Issue 53: an A/A that reused the baseline's answers from a compare minutes earlier reported "the
+    candidate's throughput is 3.66× the baseline's" (report.md) and "candidate faster: 3.66×" (HTML).
+    Arms measured apart give no ratio, anywhere; a compare whose arms ran together still shows it."""
+    import time
+
+    setup(tmp_path, fake_server, ["--echo-noise", "1e-6"], n=124)
+    first = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl")
+    assert first.returncode in (0, 3), first.stdout + first.stderr
+    together = report_of(tmp_path)["speed"]
+    assert together["apart_s"] is None and together["ratio"]["estimate"] is not None
+    time.sleep(6)  # longer than either arm's answers took: the baseline's are now from another moment
+    again = kvqual(tmp_path, "compare", "base", "base", "--suite", "s.jsonl")  # reuses base's answers
+    assert again.returncode in (0, 3), again.stdout + again.stderr
+    (out,) = (tmp_path / "results").glob("compare-base-*-vs-base-*")
+    speed = json.loads((out / "report.json").read_text())["speed"]
+    assert speed["apart_s"] is not None and speed["apart_s"] >= 6 and speed["comparable"] is False
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert "throughput is" not in md and "Speed: not compared: the baseline's answers were reused from a run" in md
+    assert "candidate faster" not in page and "Throughput ratio (cand / base)" not in page and "No throughput ratio" in page
+    assert "tok/s ratio" not in next(line for line in again.stdout.splitlines() if line.startswith("speed:"))

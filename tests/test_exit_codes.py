@@ -52,3 +52,11 @@ def test_out_pointing_at_a_file_is_bad_input(tmp_path) -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "--out: must be a folder (a file of that name exists)" in r.stderr
+
+
+def test_a_missing_argument_is_one_line_and_exit_2() -> None:
+    """Issue 53: `kvqual compare bf16` printed 14 lines of usage for one missing argument."""
+    r = subprocess.run([sys.executable, "-m", "kvqual", "compare", "bf16"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr == ("kvqual compare: error: the following arguments are required: candidate "
+                        "(see kvqual compare --help)\n"), r.stderr

@@ -395,3 +395,38 @@ def test_a_server_that_hangs_during_teacher_forcing_is_an_infrastructure_fault_i
     assert rc == 4, out + err
     last = err.strip().splitlines()[-1]
     assert last.startswith("kvqual: error: cand: teacher forcing: no answer for"), last
+
+
+def test_one_answer_refused_for_good_at_the_coverage_minimum_is_infrastructure_never_more_items(
+        tmp_path, fake_server, proxy):
+    """Issue 53: a fifth of the items are chat (no token ids: no token metrics), so token coverage sits
+    at its 80% minimum; one baseline answer refused for good (1%, inside max_failed_rate) left 79/99 and
+    the gate asked for "~1 more items" from a spent pool (exit 3). The shortfall is the failure's: exit 4,
+    one short line that says to run again, and no note that would judge the same files again."""
+    base = fake_server("--kv-cache-dtype", "bf16")
+    cand = fake_server("--kv-cache-dtype", "fp8_e4m3", "--echo-noise", "1e-6")  # as good, its scoring not blind
+    refuse = proxy(base.port, "--http503", "1.0", "--paths", REQUESTS, "--body", r"Question 0: \[\[")
+    work = workdir(tmp_path / "w", refuse.base_url, cand.base_url)
+    rc, out, err = finish(start(work, "compare", "base", "cand", "--suite", "s.jsonl", "--retries", "1"))
+    assert rc == 4 and "Traceback" not in err, out + err
+    tf = report_of(work)["teacher_forcing"]
+    assert (tf["pairs"], tf["usable"]) == (N - 1, N * 4 // 5 - 1), tf  # the refused pair is out of the coverage
+    first = out.splitlines()[0]
+    assert "infrastructure" in first and "run the same command again" in first and len(first) < 300, first
+    assert out.splitlines()[1].startswith("next: Run the same command again"), out
+    assert "token metrics on 79 of 99 pairs (79.7%)" in out  # it read "(80%)" beside the gate's 79.7% < 80%
+    assert not list((work / "results" / ".compares").glob("*.json"))  # run again, it asks the servers again
+
+
+def test_one_deadline_for_every_request_flush_cache_included(tmp_path, fake_server, proxy):
+    """Issue 53: `/flush_cache` was asked with a fixed 30 s timeout while `--timeout 3` held elsewhere
+    (a run took 35.6 s, 30 of them silent). A server that never answers it costs the run's timeout."""
+    server = fake_server("--kv-cache-dtype", "bf16")
+    hangs = proxy(server.port, "--stall", "1.0", "--paths", r"^/flush_cache$")
+    work = workdir(tmp_path / "w", hangs.base_url, hangs.base_url, n=10)
+    t0 = time.monotonic()
+    rc, out, err = finish(start(work, "run", "base", "--suite", "s.jsonl", "--timeout", "2"))
+    took = time.monotonic() - t0
+    assert rc == 0, out + err
+    assert hangs.faults()["by_path"] == {"/flush_cache": {"stall": 1}}  # it was asked, and never answered
+    assert took < 28, took  # the fixed 30 s alone was more

@@ -481,6 +481,25 @@ def test_teacher_forcing_lost_to_failed_requests_is_infrastructure_not_more_item
     assert v.exit_code == 3
 
 
+def test_coverage_short_by_one_refused_answer_is_infrastructure_not_a_spent_pool() -> None:
+    """Issue 53's A/A: 1,000 items, a fifth chat (no token ids: left out), one baseline answer refused
+    for good (0.1%, tolerated). The pair is out of the coverage (999 pairs, 799 usable = 79.98% <
+    80%) and the gate said "~1 more items; the pool is spent" (exit 3). The shortfall is the failed
+    answer's: exit 4, run again, never a request for more items."""
+    n = 999
+    chat = Counter({"chat item: no token ids for the rendered prompt": 200})
+    refused = TokenCoverage(True, n, 799, chat, unanswered=1)
+    v = decide(GatePolicy(), GateInputs(accuracy=(_accuracy(n, 0, 0),), tokens=_tokens(799), lengths=_lengths(n),
+                                        coverage=refused, **_ok_requests(n)), RNG(0))
+    kl = _by_name(v)["kl_excess"]
+    assert v.exit_code == 4 and kl.infrastructure and kl.n_more is None
+    assert "1 answer request failed after their retries" in kl.detail and "again" in kl.detail
+    # the same shortfall with every answer in: the data is short (exit 3, more items would mend it)
+    v = decide(GatePolicy(), GateInputs(accuracy=(_accuracy(n, 0, 0),), tokens=_tokens(799), lengths=_lengths(n),
+                                        coverage=TokenCoverage(True, n, 799, chat), **_ok_requests(n)), RNG(0))
+    assert v.exit_code == 3 and not _by_name(v)["kl_excess"].infrastructure
+
+
 def test_every_bound_is_finite_where_all_pairs_but_one_are_identical() -> None:
     """The GPU A/A: 123 of 124 pairs bit-identical, one slightly different, in every input the gate
     reads. Every criterion's interval has two finite ends (the token criteria's PASS side used to be

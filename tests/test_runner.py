@@ -151,6 +151,14 @@ def test_resume_after_sigkill(tmp_path, fake_server):
     proc.wait()
     answered_before = {json.loads(l)["id"] for l in files[0].read_text().splitlines() if l.strip()}
     assert 20 <= len(answered_before) < 60
+    # the killed run's manifest said "running" with empty counts; the next reader marks it interrupted and
+    # counts what is on disk, on disk too (issue 53)
+    assert json.loads((files[0].parent / "manifest.json").read_text())["status"] == "running"
+    read = load_manifest(files[0].parent)
+    assert read.status == "incomplete" and read.counts["interrupted"] == 1
+    assert (read.counts["ok"], read.counts["failed"]) == (len(answered_before), 0)
+    on_disk = json.loads((files[0].parent / "manifest.json").read_text())
+    assert on_disk["status"] == "incomplete" and on_disk["counts"]["ok"] == len(answered_before)
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(l) for l in files[0].read_text().splitlines()]
@@ -308,6 +316,29 @@ def test_a_keepalive_connection_closed_by_the_server_is_a_reconnect_not_a_retry(
     assert (m.counts["retries"], m.counts["reconnects"]) == (0, 11)
     on_disk = json.loads((tmp_path / "results" / m.run_id / "manifest.json").read_text())
     assert (on_disk["counts"]["retries"], on_disk["counts"]["reconnects"]) == (0, 11)
+
+
+def test_a_keepalive_connection_reset_before_the_response_is_a_reconnect_not_a_retry(tmp_path):
+    """Issue 53: a reset (not a clean close) on a reused connection before any byte of the response is
+    the server's keep-alive timeout too, and cost an attempt; now it is a free reconnect."""
+    server = LoopbackServer(close="reset-reused")
+    s = suite(tmp_path, [{"id": f"i{i}", "prompt": f"p{i}"} for i in range(12)])
+    m = run(tmp_path, server, s, top_logprobs=0, concurrency=1)
+    samples = load_samples(tmp_path / "results" / m.run_id)
+    assert m.status == "complete" and all(x.ok and x.attempts == 1 for x in samples.values())
+    assert server.closed == 11 and (m.counts["retries"], m.counts["reconnects"]) == (0, 11)
+
+
+def test_a_reset_on_a_fresh_connection_is_a_failure_not_a_reconnect(tmp_path):
+    """What a crashed server's socket sends: every request reset, on new connections as well. No free
+    reconnect: each reset spends an attempt."""
+    server = LoopbackServer(close="reset")
+    s = suite(tmp_path, [{"id": "a", "prompt": "pa"}])
+    with pytest.raises(InfrastructureError):
+        run(tmp_path, server, s, top_logprobs=0, retries=1)
+    (run_dir,) = (tmp_path / "results").glob("t-*")
+    (x,) = load_samples(run_dir).values()
+    assert x.attempts == 2 and server.posts == 2 and load_manifest(run_dir).counts["reconnects"] == 0
 
 
 def test_a_server_that_always_closes_unanswered_fails_after_bounded_reconnects_and_retries(tmp_path):

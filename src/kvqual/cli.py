@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import sys
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NoReturn, Sequence
 
 from kvqual import __version__
 from kvqual.errors import KvqualError, redact
@@ -43,8 +43,17 @@ environment: every long option of run, compare, report and load can be set as KV
 ENV_COMMANDS = ("run", "compare", "report", "load", "audit")  # `serve` is launched by kvqual itself with explicit flags
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with a user mistake said in one line (exit 2), not a screen of usage: the
+    message and where the usage is (`kvqual compare bf16`, one argument missing, printed 14 lines).
+    Subcommands' parsers are of this class too (argparse makes them as their parent's type)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")  # as `kvqual serve` says it
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvqual", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
         description="Is the faster serving config (e.g. an fp8 KV cache) as good as the baseline? "
                     "Paired statistics against an A/A noise floor; PASS / FAIL / INCONCLUSIVE.")

@@ -84,7 +84,16 @@ async def _models(transport: Transport, url: str, timeout: float, patience: floa
         raise InfrastructureError(f"{url}: unreachable ({message})") from None
 
 
-async def describe(base_url: str, api_key: str, timeout: float = 30.0, patience: float | None = None) -> dict[str, Any]:
+PROBE_TIMEOUT_S = 30.0  # the longest a probe waits, whatever the run's --timeout (a probe is a small request)
+
+
+def probe_timeout(run_timeout: float) -> float:
+    """A probe's deadline under a run's `--timeout`: that timeout, at most PROBE_TIMEOUT_S."""
+    return min(run_timeout, PROBE_TIMEOUT_S)
+
+
+async def describe(base_url: str, api_key: str, timeout: float = PROBE_TIMEOUT_S,
+                   patience: float | None = None) -> dict[str, Any]:
     """Everything the server reports about itself. Unreachable → InfrastructureError; a server that
     does not answer in `timeout` is asked again, with longer waits, for up to `patience` seconds."""
     transport = Transport(base_url, api_key, timeout)
@@ -198,9 +207,9 @@ def reported_kv_dtype(info: dict[str, Any]) -> str | None:
     return info.get("vllm_cache_dtype")
 
 
-async def flush_cache(base_url: str, api_key: str, timeout: float = 30.0) -> bool:
+async def flush_cache(base_url: str, api_key: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """SGLang's POST /flush_cache; True when the server flushed. Not retried: a server that does not
-    answer it does not offer it."""
+    answer it does not offer it. `timeout`: the run's own (`probe_timeout`), as every request has."""
     transport = Transport(base_url, api_key, timeout)
     try:
         await transport.send("POST", "/flush_cache", at_root=True)

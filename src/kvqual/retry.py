@@ -5,9 +5,12 @@ server's Retry-After as a floor), and how many attempts a request may spend (`Re
 Retries and reconnects are counted apart. A retry is another attempt after a real failure (a
 429, a 5xx, a timeout, a refused connection), with backoff, within `retries`. A reconnect is a
 request sent again at once because the server closed the connection before any byte of the
-response: what a keep-alive connection the server timed out looks like when it is reused. The
-client does not say whether the connection was a reused one, so every close-before-response
-counts as a reconnect, up to MAX_RECONNECTS per request; beyond that it is a failed attempt.
+response: what a keep-alive connection the server timed out looks like when it is reused. A clean
+close before the response counts as one whichever connection it came on (the SDK's client does not
+say whether it was a reused one); a reset, or aiohttp's "Cannot write to closing transport", counts
+as one when the transport saw it on a reused connection (`ClosedOnReuse`) — on a fresh connection it
+is what a crashed server's socket sends, a failure. Up to MAX_RECONNECTS per request; beyond that
+it is a failed attempt.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ MAX_RECONNECTS = 2  # per request; a server that keeps closing on it is failing,
 CLOSED_BEFORE_RESPONSE = "connection error: the server closed the connection before responding"
 CLOSED_MID_BODY = "connection error: the server closed the connection mid-body, before the whole response arrived"
 BROKE_OFF = "response broke off"  # how the transport words a body that stopped coming (`transport.py`)
+
+
+class ClosedOnReuse(ConnectionError):
+    """The server reset or shut a kept-alive connection kvqual reused, before any byte of the
+    response (the transport raises it from the connection error it saw): a reconnect, no attempt."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +136,11 @@ def closed_before_response(exc: BaseException) -> bool:
     client on aiohttp that is a ServerDisconnectedError with no partial response (which the SDK
     reports as a timeout); on httpx, RemoteProtocolError "Server disconnected without sending a
     response". A refused connection (server down), a reset (what a crashed server's socket sends)
-    or a close mid-body is a failure, not this."""
+    or a close mid-body is a failure, not this — unless the transport saw the reset on a reused
+    connection before the response (`ClosedOnReuse`)."""
     for cause in causes(exc):
+        if isinstance(cause, ClosedOnReuse):
+            return True
         name = type(cause).__name__
         if name == "ServerDisconnectedError":
             return getattr(cause, "message", None) in (None, "Server disconnected")

@@ -320,7 +320,7 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
     a compare, whose gate judges the failures (`execute`)."""
     from kvqual import probe
 
-    info = await probe.describe(target.base_url, target.api_key(), timeout=min(run.timeout, 30.0),
+    info = await probe.describe(target.base_url, target.api_key(), timeout=probe.probe_timeout(run.timeout),
                                 patience=run.timeout)
     model = target.model
     if model is None:
@@ -344,7 +344,7 @@ async def run_target(target: Target, suites: tuple[LoadedSuite, ...], run: RunDe
             partial = _resumable(run.results_dir, plan, items_upto)
             if partial is not None:
                 return partial
-        flushed = await probe.flush_cache(target.base_url, target.api_key())
+        flushed = await probe.flush_cache(target.base_url, target.api_key(), probe.probe_timeout(run.timeout))
         info["prefix_cache_flushed"] = flushed
         store = RunStore.open(run.results_dir, new_manifest(plan, run.concurrency, info), rerun=rerun, lock=lock)
         return await execute(plan, store, run, progress=progress, items_upto=items_upto, on_done=on_done,

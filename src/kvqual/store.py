@@ -229,13 +229,48 @@ class RunLock:
 
 
 def load_manifest(run_dir: str | Path) -> RunManifest:
+    """A run folder's manifest; one left at "running" by a writer that is gone is marked interrupted
+    first (`_interrupted`)."""
     path = Path(run_dir) / MANIFEST
     try:
-        return RunManifest.from_json(json.loads(path.read_text(encoding="utf-8")))
+        manifest = RunManifest.from_json(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise KvqualError(f"{run_dir}: not a kvqual run folder (no {MANIFEST})") from None
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise KvqualError(f"{path}: unreadable manifest: {exc}") from None
+    return _interrupted(Path(run_dir), manifest) if manifest.status == "running" else manifest
+
+
+def _interrupted(run_dir: Path, manifest: RunManifest) -> RunManifest:
+    """A manifest still "running" whose writer is gone (killed with -9: the kernel freed its lock, so
+    the lock is free now) is "incomplete", with what is on disk counted (`interrupted`: 1) and written
+    back (in memory only where the folder is read-only). While a writer holds the lock — another
+    process, or this one resuming the run — it is left as it is."""
+    try:
+        lock: RunLock | None = RunLock.acquire(run_dir)
+    except UsageError:
+        return manifest
+    except OSError:
+        lock = None
+    try:
+        last: dict[Key, Any] = {}
+        for _, obj in iter_sample_lines(run_dir / SAMPLES) if (run_dir / SAMPLES).is_file() else ():
+            if obj is not None:
+                last[(obj.get("suite"), obj.get("id"), obj.get("repeat"))] = obj.get("error")  # type: ignore[index]
+        unfit = sum(1 for e in last.values() if e is not None and refused_limit(e) is not None)
+        ok = sum(1 for e in last.values() if e is None)
+        counts = {**manifest.counts, "units": len(last), "ok": ok, "failed": len(last) - ok - unfit,
+                  "does_not_fit": unfit, "interrupted": 1}
+        manifest = replace(manifest, status="incomplete", counts=counts)
+        if lock is not None:
+            try:
+                write_json_atomic(run_dir / MANIFEST, manifest.to_json())
+            except OSError:
+                pass  # a read-only results folder: the corrected manifest is this command's alone
+    finally:
+        if lock is not None:
+            lock.release()
+    return manifest
 
 
 class RunStore:

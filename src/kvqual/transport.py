@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import os
 import time
+from contextvars import ContextVar
 from urllib.parse import unquote, urlsplit
 from typing import Any, Callable, Iterable, Mapping
 
@@ -27,7 +29,24 @@ from kvqual import bodies
 from kvqual.client import chunk_has_content, stream_payload
 from kvqual.errors import InvalidResponse, register_secret
 from kvqual.records import public_url
-from kvqual.retry import BROKE_OFF
+from kvqual.retry import BROKE_OFF, ClosedOnReuse
+
+# whether the request under way in this task went out on a kept-alive connection (set by the direct
+# session's trace hooks, which aiohttp awaits in the requesting task): a reset on one is a reconnect
+_REUSED: ContextVar[bool] = ContextVar("kvqual_reused", default=False)
+
+
+async def _on_reused(*_: Any) -> None:
+    _REUSED.set(True)
+
+
+def _reset_on_send(exc: BaseException) -> bool:
+    """A connection reset (or aiohttp's "Cannot write to closing transport") while sending the
+    request or waiting for the response's first byte."""
+    import aiohttp
+
+    return isinstance(exc, (ConnectionResetError, BrokenPipeError)) or (
+        isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE))
 
 
 def server_root(base_url: str) -> str:
@@ -163,16 +182,24 @@ class Transport:
         data = None if body is None else json.dumps(body, ensure_ascii=False, separators=(",", ":"),
                                                     allow_nan=False).encode()
         if self._session is None:
-            # the SDK's client: 1000 connections, 5 s keep-alive, no TLS on a plain-http target
+            # the SDK's client: 1000 connections, 5 s keep-alive, no TLS on a plain-http target; a trace
+            # hook notes a reused connection (a reset on one is the server's keep-alive timeout: a reconnect)
+            trace = aiohttp.TraceConfig()
+            trace.on_connection_reuseconn.append(_on_reused)
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-                limit=1000, keepalive_timeout=5.0, ssl=False))
+                limit=1000, keepalive_timeout=5.0, ssl=False), trace_configs=[trace])
         t = timeout if timeout is not None else self._timeout
+        _REUSED.set(False)
         try:
             response = await self._session.request(
                 method, url, data=data, headers=self._sdk_headers(), max_redirects=20,
                 timeout=aiohttp.ClientTimeout(sock_connect=t, sock_read=t, connect=t)).__aenter__()
         except Exception as exc:  # noqa: BLE001 - mapped to what the SDK raises for it
             mapped = _sdk_error(exc, method, url)
+            if _REUSED.get() and _reset_on_send(exc):  # before any byte of the response, on a kept-alive one
+                closed = ClosedOnReuse(f"reset on a reused connection: {exc}")
+                closed.__cause__ = exc
+                raise mapped from closed
             if mapped is exc:
                 raise
             raise mapped from exc

@@ -161,3 +161,23 @@ def test_outputs_of_the_same_prompts_in_another_file_reuse_the_floor(tmp_path, f
         floors.append(json.loads(path.read_text())["floor_run"])
     assert floors[0] == floors[1]
     assert len(list((tmp_path / "results").glob("ref-*/manifest.json"))) == 1
+
+
+def test_a_reference_without_tokenize_scores_the_outputs_by_text_alignment_and_says_how_many(tmp_path, fake_server):
+    """Issue 53: audit needed /tokenize and exited 4 on a server without it, where compare aligns by text."""
+    ref = fake_server("--kv-cache-dtype", "bf16")  # no --token-ids: no /tokenize
+    (tmp_path / "kvqual.toml").write_text(f'[targets.ref]\nbase_url = "{ref.base_url}"\nkv_cache_dtype = "bf16"\n')
+    outputs(tmp_path / "out.jsonl", 130)
+    r = kvqual(tmp_path, "audit", "out.jsonl", "--against", "ref")
+    assert r.returncode == 0, r.stdout + r.stderr
+    f = report_of(tmp_path)["figures"]
+    assert f["aligned_by_text"] == f["units"] == f["scored"] == 130 and f["tokens_scored"] >= 130, f
+    assert "130 of them aligned by text (ref gave no token ids" in r.stdout
+    assert criterion(report_of(tmp_path), "length_ratio")["estimate"] == pytest.approx(1.0)
+
+
+def test_audit_help_says_what_max_tokens_does_there():
+    """Issue 53: the shared help said --max-tokens defaults to 256; audit takes the file's, or needs it."""
+    r = subprocess.run([sys.executable, "-m", "kvqual", "audit", "--help"], capture_output=True, text=True, timeout=60)
+    text = " ".join(r.stdout.split())
+    assert "for lines that do not state it" in text and "default 256" not in text.split("--max-tokens", 1)[1][:300]

@@ -46,6 +46,7 @@ PROBE = """addEventListener('load', () => {
     badge: box(d.getElementById('verdict-badge')), forest: box(d.getElementById('forest')),
     rows: all('#forest .frow').map(box), pills: all('#forest .pill').map(box),
     scrolls: all('.scroll').map(e => [e.clientWidth, e.scrollWidth, box(e)[2]]),
+    criteria: (e => e ? [e.clientWidth, e.scrollWidth] : null)(d.querySelector('#criteria')?.closest('.scroll')),
     plots: Object.fromEntries(all('figure.plot').map(e => [e.id, box(e)])),
     outside: all('body *').filter(e => !e.closest('.scroll') && e.getClientRects().length
                                 && box(e)[2] > d.documentElement.clientWidth + 0.5).map(e => e.tagName + '.' + e.className),
@@ -116,6 +117,19 @@ def test_first_screen_at_1400_shows_the_verdict_badge_and_the_whole_forest_plot(
     # the forest is drawn, not just laid out: its pass zones, and a bar of each status colour
     counts = {c: _count(pixels, c, forest) for c in (ZONE, PASS, FAIL, UNDECIDED_BAR)}
     assert counts[ZONE] > 3000 and counts[PASS] > 2000 and counts[FAIL] > 500 and counts[UNDECIDED_BAR] > 500, counts
+
+
+def test_the_criteria_table_fits_a_1280_px_screen_detail_column_included(report, tmp_path):
+    """Issue 53: at 1280 px (a laptop) the detail table's Detail column was cut, behind a sideways scroll.
+    The sample with a 1,000-item run's counts and failure-rate interval, as a real compare of 1,000
+    items wrote them ("[0.00513%, 0.473%] (90%)", "1000 items"): it scrolled 5 px, now it fits."""
+    for c in report["verdict"]["criteria"]:
+        c["n"] = 1000
+        if c["name"].startswith("failed_rate"):
+            c.update(estimate=0.001, ci_low=0.0000513, ci_high=0.00473, ci_level=0.9)
+    _, m = _view(render_html(report), 1280, 900, tmp_path)
+    client, inner = m["criteria"]
+    assert inner <= client, m["criteria"]
 
 
 def test_nothing_is_cut_off_at_390_px(sample_page, tmp_path):

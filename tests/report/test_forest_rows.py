@@ -103,7 +103,7 @@ def test_why_and_what_next_for_each_verdict(report):
                                    "outside its bound.")
 
     passed = D.decision(_verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"}))
-    assert passed.why == "All 6 primary criteria are shown inside their bounds."
+    assert passed.why == "All 4 primary criteria are shown inside their bounds; both failed-request rates are within theirs."
     assert passed.next_step == "fp8 can ship on these criteria."
     slow = _verdict(report, "PASS", kl_excess={"status": "pass"}, accuracy={"status": "pass"})
     slow["speed"]["ratio"].update(estimate=0.59, ci_low=0.5, ci_high=0.7)
@@ -144,13 +144,16 @@ def test_more_items_are_priced_at_the_compares_own_rate(report):
 def test_a_budget_stop_names_the_budget_not_max_items(report):
     """The README's run stopped on max_minutes; its advice once said 'raise --max-items', which was not set."""
     r = _sequential(report, judged=252, available=2108, minutes=4.9, n_more=249)
-    r["verdict"]["sequential"]["stop"] = ("max_minutes 5: the next look (511 items) would take ~4.9 more minutes at "
-                                          "the rate so far, past the budget")
+    # as the judge writes it (judge/record.py: LookPlan.stop_reason, and the budget as a field)
+    r["verdict"]["sequential"].update(stop="stopped at look 2 of 5 (252 items): max_minutes 5: the next look (511 "
+                                      "items) would take ~4.9 more minutes at the rate so far, past the budget",
+                                      budget="max_minutes")
     assert D.decision(r).next_step == (
         "Run about 249 more items (about 5 min at this compare's rate) to decide accuracy on arith (raise "
         "--max-minutes, or run the same command again: it continues with the next look; 252 of 2,108 were "
         "judged); nothing was shown outside its bound.")
-    r["verdict"]["sequential"]["stop"] = "budget_tokens 1000 reached (1203 generated)"
+    r["verdict"]["sequential"].update(stop="stopped at look 2 of 5 (252 items): budget_tokens 1000 reached (1203 "
+                                      "generated)", budget="budget_tokens")
     assert "(raise --budget-tokens, or run the same command again" in D.decision(r).next_step
 
 
@@ -161,3 +164,22 @@ def test_more_items_than_the_suites_hold_is_a_margin_not_a_plan(report):
                                   "from its bound ≥ −5 points, and about 44,811 more items would be needed (about "
                                   "12.0 h at this compare's rate), where 1,984 remain. The effect is on the margin")
     assert "Run about" not in d.next_step
+
+
+def test_every_criterion_the_gate_emits_reads_as_words_not_a_raw_name():
+    """Issue 53: `length_mean_ratio` showed as a raw identifier among the labels of report.html. Every
+    criterion a gate with all its inputs emits has a label and a short label of its own."""
+    import numpy as np
+    from test_gate import RNG, _accuracy, _lengths, _ok_requests, _tokens
+
+    from kvqual.gate import GateInputs, GatePolicy, RatePairs, decide
+    from kvqual.report.summary import CRITERION_LABEL
+
+    n = 200
+    zero = np.zeros(n)
+    rates = tuple(RatePairs(name, zero, zero, None, zero, zero) for name in ("truncation", "loop", "repeated_bigrams"))
+    inputs = GateInputs(accuracy=(_accuracy(n, 2, 2, "a"), _accuracy(n, 2, 2, "b")), tokens=_tokens(n),
+                        lengths=_lengths(n), lengths_floor=_lengths(n, seed=3), rates=rates, **_ok_requests(n))
+    names = {c.name for c in decide(GatePolicy(min_speedup=1.1), inputs, RNG(0)).criteria}
+    assert {"length_mean_ratio", "length_ks_excess", "distinct2_loss", "accuracy_pooled"} <= names, names
+    assert names <= set(CRITERION_LABEL) and names <= set(D._SHORT_LABEL), names - set(CRITERION_LABEL)

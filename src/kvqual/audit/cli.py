@@ -39,6 +39,11 @@ def add_parser(sub: argparse._SubParsersAction, run_options: Callable[[argparse.
     p.add_argument("--looks", type=int, help="looks at most (default [gate] looks = 5); 1 = judge the sample once")
     p.add_argument("--json", action="store_true", help="print the verdict object on stdout; the summary goes to stderr")
     run_options(p)
+    for action in p._actions:  # the shared help says "default 256": audit takes the file's, or this one
+        if "--max-tokens" in action.option_strings:
+            action.help = ("the max_tokens the outputs were generated with, for lines that do not state it (the "
+                           "reference's own outputs, the floor, are generated with the same); needed when one "
+                           "does not, else the audit stops with exit 2")
     p.set_defaults(func=cmd_audit)
 
 

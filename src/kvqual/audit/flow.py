@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kvqual.config import Config, RunDefaults, Target
-from kvqual.errors import InfrastructureError, UsageError
-from kvqual.forced import teacher_file
+from kvqual.errors import UsageError
+from kvqual.forced import load_forced, teacher_file
 from kvqual.forcing import rounds as forcing
 from kvqual.forcing.teacher import TeacherForcer, force_all
 from kvqual.gate import Verdict, look_sizes
@@ -35,7 +35,7 @@ from kvqual.judge.arms import Forcing, floor_reproduced, forcing_of
 from kvqual.judge.audit import judge_audit
 from kvqual.news import say
 from kvqual.plan import item_order, next_round_time
-from kvqual.probe import describe
+from kvqual.probe import describe, probe_timeout
 from kvqual.records import Item, RunManifest, Sample, SuiteRef, TokenLogprobs, dumps_line
 from kvqual.runner import run_target
 from kvqual.store import load_samples
@@ -82,9 +82,14 @@ def _items(drawn: Drawn, max_tokens: int | None) -> dict[tuple[str, str], Item]:
     return items
 
 
-def _sample(o: Output, item: Item, ids: list[int]) -> Sample:
+def _sample(o: Output, item: Item, ids: list[int] | None) -> Sample:
     """An audited output as a sample (the file's text and tokens; no request was sent for it). Where
-    the file gives no finish reason, an output that reached max_tokens counts as truncated."""
+    the file gives no finish reason, an output that reached max_tokens counts as truncated. `ids`
+    None: no token ids (none in the file, no /tokenize on the reference): scored by text alignment, as
+    a compare does, its length counted once the reference has scored it (`_text_lengths`)."""
+    if ids is None:
+        return Sample(item.id, SUITE, 0, o.text, o.finish_reason or "stop", None, None, context_id=item.context_id,
+                      prompt_hash=item.prompt_hash)
     finish = o.finish_reason or ("length" if item.max_tokens is not None and len(ids) >= item.max_tokens else "stop")
     lp = TokenLogprobs(tokens=tuple("" for _ in ids), token_logprobs=tuple(None for _ in ids), token_ids=tuple(ids))
     return Sample(item.id, SUITE, 0, o.text, finish, len(ids), None, logprobs=lp, context_id=item.context_id,
@@ -120,17 +125,28 @@ class Audit:
         return forcing.make_forcer(info, target.base_url, target.api_key(), model, self.top_k, self.run).limit_to(limit)
 
     async def _audited(self, forcer: TeacherForcer, keys: list[tuple[str, str, int]]) -> None:
-        """The look's audited outputs as samples with token ids (the file's, else the reference's /tokenize)."""
+        """The look's audited outputs as samples with token ids (the file's, else the reference's /tokenize;
+        a reference without /tokenize: none, and they are scored by text alignment, counted)."""
 
         async def one(key: tuple[str, str, int]) -> None:
             o, item = self.outputs[key[1]], self.items[(key[0], key[1])]
-            ids = list(o.token_ids) if o.token_ids else await forcer.completion_ids(o.text)
-            if ids is None and o.text:
-                raise InfrastructureError(f"{self.ref.name}: /tokenize gave no token ids for an audited completion "
-                                          f"(line {o.line}); the audit scores by token ids")
-            self.audited[key] = _sample(o, item, ids or [])
+            ids = list(o.token_ids) if o.token_ids else await forcer.completion_ids(o.text) if o.text else []
+            self.audited[key] = _sample(o, item, ids)
 
         await asyncio.gather(*(one(k) for k in keys if k not in self.audited))
+
+    def _text_lengths(self) -> None:
+        """The length of each output scored by text alignment: its tokens as the reference scored them (a
+        completion left unscored keeps none, and is left out of the length criteria as unanswered)."""
+        forced = load_forced(self._file("reference"), logprobs=True)
+        for key, sample in self.audited.items():
+            f = forced.get(key)
+            if sample.completion_tokens is None and f is not None and f.logprobs is not None:
+                n, item = len(f.logprobs.tokens), self.items[(key[0], key[1])]
+                finish = self.outputs[key[1]].finish_reason or (
+                    "length" if item.max_tokens is not None and n >= item.max_tokens else "stop")
+                self.audited[key] = replace(sample, completion_tokens=n, finish_reason=finish)
+        self._save()
 
     async def execute(self) -> AuditResult:
         from kvqual.launch import serving
@@ -144,8 +160,10 @@ class Audit:
 
     async def _looks(self, ref: Target, cand: Target | None) -> AuditResult:
         self.out.mkdir(parents=True, exist_ok=True)
-        limit = await forcing.common_window_limit(ref, cand) if cand is not None else None
-        cand_info = await describe(cand.base_url, cand.api_key(), timeout=30.0) if cand is not None else {}
+        limit = await forcing.common_window_limit(ref, cand, timeout=probe_timeout(self.run.timeout)) \
+            if cand is not None else None
+        cand_info = await describe(cand.base_url, cand.api_key(), timeout=probe_timeout(self.run.timeout)) \
+            if cand is not None else {}
         started, spent, last = time.monotonic(), 0.0, 0.0
         verdict, figures, stop, floor_m = None, {}, "", None
         budget = (self.run.max_minutes or 0) * 60
@@ -185,6 +203,7 @@ class Audit:
             now = time.monotonic()
             spent, last = now - started, now - look_began
             verdict, figures = self._judge(floor_m, floor_dir, k + 1)
+            figures["aligned_by_text"] = sum(1 for key in keys if self.audited[key].logprobs is None)
             if verdict.verdict != "INCONCLUSIVE" or verdict.infrastructure:
                 stop = f"decided at look {k + 1} of {len(self.sizes)} ({n} outputs)"
                 break
@@ -204,6 +223,7 @@ class Audit:
                                     keys={(s, i) for s, i, _ in keys}, limit=limit, top_k=1,
                                     on_done=Ticker(f"teacher forcing {ref.name}'s own outputs", n))
         await self._force_audited(forcer, ref, samples, "reference")
+        self._text_lengths()
         if self.cand is not None:
             again = self._file("reference-again")
             if look == 0:

@@ -54,8 +54,10 @@ def note_path(flow: Compare) -> Path:
 
 def remember(flow: Compare, out_dir: Path) -> None:
     """After the reports are written: note the compare folder of a compare that ended (not one a
-    budget stopped, which a second run continues)."""
-    if flow.state.stop is not None or flow.state.report is None:
+    budget stopped, which a second run continues, nor one requests failed in: the same command again
+    must send those again, exit 4's advice)."""
+    report = flow.state.report
+    if flow.state.stop is not None or report is None or report.verdict.infrastructure:
         return
     path = note_path(flow)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +86,7 @@ def recall(flow: Compare) -> Judgement | None:
                        speed_from=flow.speed_from)
     except (OSError, ValueError, KeyError, TypeError, KvqualError):
         return None
-    if not (report.decided or report.on_margin or len(report.sizes) == len(plan.planned)):
+    if report.verdict.infrastructure or not (report.decided or report.on_margin or len(report.sizes) == len(plan.planned)):
         return None
     s = flow.state
     s.bm, s.cm, s.am, s.warnings, s.report, s.looks_taken = bm, cm, am, warnings, report, len(report.sizes)

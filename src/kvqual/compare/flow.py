@@ -27,7 +27,7 @@ from kvqual.compare.planfile import check_or_record, plan_of
 from kvqual.compare.progress import CompareProgress
 from kvqual.compare.verify import as_reported, verify
 from kvqual.config import Config, RunDefaults, Target
-from kvqual.forced import teacher_file
+from kvqual.forced import refusal, teacher_file
 from kvqual.forcing import rounds as forcing
 from kvqual.gate import GatePolicy, look_sizes
 from kvqual.gate.tail import units_to_bound
@@ -36,6 +36,7 @@ from kvqual.judge.record import Judgement, LookPlan
 from kvqual.judge.arms import MIN_REPRODUCED, floor_reproduced, forcing_of
 from kvqual.news import say
 from kvqual.plan import item_order, next_round_time, plan_units
+from kvqual.probe import probe_timeout
 from kvqual.records import RunManifest
 from kvqual.runner import progress_mode, run_target
 from kvqual.store import load_samples
@@ -121,15 +122,18 @@ class Compare:
         self.root = Path(run.results_dir)
         self.state = CompareState()
         self.started = time.monotonic()
+        self.started_wall = time.time()  # an arm whose run finished before this is reused whole (`earlier`)
         self.rounds_started: float | None = None  # when the first round began (server starts are not server time)
         self.round_began: float | None = None  # when the latest round began
         self.next_look: dict[str, Any] | None = None  # the look a budget stopped before: its items and cost
+        self.budget: str | None = None  # which budget stopped it: "max_minutes" or "budget_tokens"
         self.together = True
         self.tokens_spent = 0
         self.base_rounds, self.base_stop = len(self.sizes), None  # baseline rounds run (separate servers)
         # the prompt tokens a teacher-forcing window may hold on every scoring server of this comparison: the
         # smaller of the two servers' max_model_len − 1, so both arms score a long completion in the same windows
         self.window_limit: int | None = None
+        self.probe_s = probe_timeout(run.timeout)  # what a server is asked about itself waits: --timeout, at most 30 s
         # overlap a round's parts on one server (fuller batches, ~a third less wall time on CPU) unless speed
         # is gated on the answers: then each arm's answers run alone, so its per-request speed is measured on
         # equal terms (a --speed-from load.json measured speed apart: the answers' speed is not judged)
@@ -216,7 +220,7 @@ class Compare:
         bm = self.state.bm
         assert bm is not None
         if first:  # refuse a comparison of the wrong thing before spending server time on it
-            reported = await as_reported(t, bm)
+            reported = await as_reported(t, bm, self.probe_s)
             self.state.warnings = verify(bm, reported, self.allow_mismatch)
             if self.speed_from is not None:  # the load measured these servers (the candidate's URLs, not bm's)
                 self.speed_from.check_served(bm, replace(reported, base_urls=tuple(t.base_urls)))
@@ -263,6 +267,21 @@ class Compare:
         return floor_reproduced(forcing_of(teacher_file(base_dir, bm.run_id)), again) \
             and len(again.records) >= MIN_REPRODUCED
 
+    def _echo_refused(self) -> str | None:
+        """Why no later look may start once a server's echo failed the trust check (None: they may):
+        its token criteria can never be judged, so no look can PASS and a further look could only find
+        a FAIL; the compare stops at this look and says so."""
+        s = self.state
+        if not self.tf or s.bm is None or s.cm is None:
+            return None
+        base_dir = self.root / s.bm.run_id
+        refused = [m.target for m in (s.cm, s.bm) if refusal(base_dir, m.run_id) is not None]
+        if not refused:
+            return None
+        return (f"the echo of {refused[0]} failed the trust check, so the token criteria cannot be judged and no "
+                "look can PASS: stopped here instead of taking looks that could only find a FAIL (fix the echo, "
+                "or pass --no-teacher-forcing, and run again)")
+
     def _spent(self) -> None:
         """Generated tokens so far, every arm and the A/A replicate together (the token budget)."""
         self.tokens_spent = sum(sum(s.completion_tokens or 0 for s in load_samples(self.root / m.run_id, "inline").values())
@@ -277,7 +296,9 @@ class Compare:
             check_or_record(self.root / f"compare-{s.bm.run_id}-vs-{s.cm.run_id}",
                             plan_of(self.pool, self.sizes, self.config.gate), fresh=self.rerun)
         plan = LookPlan(self.pool, tuple(self.sizes[: k + 1] if s.stop else self.sizes), tuple(self.sizes), s.stop,
-                        self.overlap, self.next_look if s.stop else None)
+                        self.overlap, self.next_look if s.stop else None, self.budget if s.stop else None,
+                        tuple(arm for arm, m in (("baseline", s.bm), ("candidate", s.cm))
+                              if m.finished_at is not None and m.finished_at < self.started_wall))
         return judge(self.root / s.bm.run_id, self.root / s.cm.run_id,
                              self.root / s.am.run_id if s.am else None, self.config.gate, command=self.command,
                              teacher_forcing=self.tf, warnings=s.warnings, allow_mismatch=self.allow_mismatch,
@@ -302,8 +323,10 @@ class Compare:
         if run.max_minutes and minutes + more > run.max_minutes:
             why = (f"max_minutes {run.max_minutes:g}: the next look ({self.sizes[k + 1]} items) would take "
                    f"~{more:.1f} more minutes at the rate so far, past the budget")
+            self.budget = "max_minutes"
         elif run.budget_tokens is not None and self.tokens_spent >= run.budget_tokens:
             why = f"budget_tokens {run.budget_tokens} reached ({self.tokens_spent} generated)"
+            self.budget = "budget_tokens"
         if why:
             self.next_look = {"look": k + 2, "items": self.sizes[k + 1], "minutes": round(more, 2),
                               "tokens": int(self.tokens_spent * both / self.sizes[k] * new_items)}
@@ -315,10 +338,14 @@ class Compare:
         # both servers up: the budget is checked between rounds; one at a time: the baseline's rounds decided it
         self.state.stop = self.budget_left(k) if self.together else (
             self.base_stop if k + 1 == self.base_rounds else None)
+        if self.state.stop is None and k + 1 < len(self.sizes):
+            self.state.stop = self._echo_refused()
         with self.progress.part("judging", 0):
             report = self.judge(k)
         self.state.report = report
-        decided = report.decided or report.on_margin  # on its margin: the futility stop (gate/futility.py)
+        # on its margin: the futility stop (gate/futility.py); requests that failed after their retries stop it
+        # too: the gate judges no later look (exit 4)
+        decided = report.decided or report.on_margin or report.verdict.infrastructure is not None
         say(f"look {k + 1}/{len(self.sizes)} ({self.sizes[k]} items): {report.verdict.verdict}"
             + (" — on its margin: stopped" if report.on_margin else "") + ("" if decided or k + 1 == len(self.sizes) or self.state.stop else " — next round"))
         return decided or self.state.stop is not None
@@ -340,7 +367,7 @@ class Compare:
             if together:
                 async with serving(self.base_t, rd) as b, serving(self.cand_t, rd) as c:
                     if self.tf:
-                        self.window_limit = await forcing.common_window_limit(b, c)
+                        self.window_limit = await forcing.common_window_limit(b, c, timeout=self.probe_s)
                         say(tail_plan(self.config.gate, self.pool))
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k))
@@ -354,7 +381,7 @@ class Compare:
             else:
                 async with serving(self.base_t, rd) as b:
                     if self.tf:  # the candidate's server is not up yet: the baseline's own limit
-                        self.window_limit = await forcing.common_window_limit(b)
+                        self.window_limit = await forcing.common_window_limit(b, timeout=self.probe_s)
                         say(tail_plan(self.config.gate, self.pool))
                     for k in range(len(self.sizes)):
                         show.expect(self.planned_round(k, "baseline"))
@@ -367,7 +394,7 @@ class Compare:
                             break
                 async with serving(self.cand_t, rd) as c:
                     if self.tf:
-                        self._candidate_window_limit(await forcing.common_window_limit(c))
+                        self._candidate_window_limit(await forcing.common_window_limit(c, timeout=self.probe_s))
                     for k in range(self.base_rounds):
                         show.expect(self.planned_round(k, "candidate"))
                         show.start_round(k)

@@ -38,11 +38,12 @@ def verify(base: RunManifest, cand: RunManifest, allow_mismatch: bool) -> list[s
 
 
 
-async def as_reported(target: Target, like: RunManifest) -> RunManifest:
-    """What `target` reports about itself, shaped as a manifest so `verify` can check it before a run."""
+async def as_reported(target: Target, like: RunManifest, timeout: float) -> RunManifest:
+    """What `target` reports about itself, shaped as a manifest so `verify` can check it before a run
+    (`timeout`: the run's, `probe.probe_timeout`)."""
     from kvqual import probe
 
-    info = await probe.describe(target.base_url, target.api_key())
+    info = await probe.describe(target.base_url, target.api_key(), timeout=timeout)
     model = target.model or (info["models"][0] if info["models"] else None)
     return replace(like, target=target.name, model=model, kv_cache_dtype=target.kv_cache_dtype, server_info=info)
 

@@ -19,6 +19,7 @@ from kvqual.forced import CACHE_KEYS, COST_KEYS, FAILED, forcing_cost, through_c
 from kvqual.forcing.sglang import SglangForcer
 from kvqual.forcing.teacher import TeacherForcer, check_echo_trust, force_all, trust_sample
 from kvqual.news import say
+from kvqual.probe import PROBE_TIMEOUT_S
 from kvqual.records import Item, RunManifest
 from kvqual.store import load_samples, write_json_atomic
 
@@ -49,13 +50,14 @@ def _rescore(base_dir: Path, run_id: str, step: int, name: str) -> dict[str, int
     return dict.fromkeys(CACHE_KEYS, 0)
 
 
-async def common_window_limit(*targets: Target) -> int | None:
+async def common_window_limit(*targets: Target, timeout: float = PROBE_TIMEOUT_S) -> int | None:
     """The smallest prompt limit any of these scoring servers reports (`/v1/models` max_model_len,
     less echo's one token); None when none reports one. Given to every forcer of a comparison
-    (`limit_to`), it makes both arms score a long completion in the same windows."""
+    (`limit_to`), it makes both arms score a long completion in the same windows. `timeout`: the
+    run's (`probe.probe_timeout`)."""
     limits = []
     for t in targets:
-        forcer = TeacherForcer(t.base_url, t.api_key(), t.model or "", 0, 30.0, 1)
+        forcer = TeacherForcer(t.base_url, t.api_key(), t.model or "", 0, timeout, 1)
         try:
             limits.append(await forcer.prompt_limit())
         finally:

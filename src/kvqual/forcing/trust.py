@@ -28,6 +28,7 @@ def _likely_cause(own: list[tuple[Sample, Forced]], mean: float) -> str:
     same tokens — which a broken cache path and an echo that scores something else both produce, so
     on an fp8 candidate the message must not blame the thing under test."""
     shifted: dict[int, list[tuple[float, float]]] = {1: [], -1: []}
+    tops: dict[int, list[tuple[float, float]]] = {0: [], 1: [], -1: []}  # the top-k, token by token
     for sample, forced in own:
         if not forced.aligned or forced.logprobs is None or sample.logprobs is None:
             continue
@@ -36,11 +37,23 @@ def _likely_cause(own: list[tuple[Sample, Forced]], mean: float) -> str:
         for k in shifted:
             pairs = zip(g[k:], e) if k > 0 else zip(g, e[-k:])
             shifted[k] += [(a, b) for a, b in pairs if a is not None and b is not None]
+        gt, et = list(sample.logprobs.top_logprobs), list(forced.logprobs.top_logprobs)
+        for k in tops:
+            for a, b in (zip(gt[k:], et) if k >= 0 else zip(gt, et[-k:])):
+                tops[k] += [(a[t], b[t]) for t in (a.keys() & b.keys())] if a and b else []
     best = min(((_mean_abs(v), k) for k, v in shifted.items() if v), default=(None, 0))
     if best[0] is not None and best[0] < mean / 3 and best[0] <= ECHO_TRUST_MAX_MEAN_ABS:
         return f"echo looks shifted by one position (shifted, the gap is {best[0]:.3f} nats)"
+    # a whole distribution one position over scores each token under its neighbour's distribution: the chosen
+    # tokens' logprobs then match nowhere, but the top-k lists match one position over
+    unshifted = _mean_abs(tops[0])
+    top = min(((_mean_abs(v), k) for k, v in tops.items() if k and v), default=(None, 0))
+    if top[0] is not None and unshifted is not None and top[0] < unshifted / 3 and top[0] <= ECHO_TRUST_MAX_MEAN_ABS:
+        return (f"echo looks shifted by one position (its top-k logprobs match the generation's one position "
+                f"over: a gap of {top[0]:.3f} nats shifted, {unshifted:.3f} in place)")
     return ("its scoring of a sequence (prefill) gives other logprobs than it reported while generating the "
-            "same tokens (decode), and not by a one-position shift; kvqual cannot tell whether its echo or its "
+            "same tokens (decode), and neither its chosen-token nor its top-k logprobs match one position over; "
+            "kvqual cannot tell whether its echo or its "
             "cache path is at fault: check the echo on the baseline server too")
 
 

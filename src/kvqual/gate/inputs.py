@@ -180,6 +180,9 @@ class TokenCoverage:
     usable: int = 0
     reasons: Counter = field(default_factory=Counter)
     failed: int = 0  # of the pairs left out: those whose teacher-forcing requests failed after their retries
+    # pairs not in `pairs` at all: an arm's answer failed after its retries (tolerated under max_failed_rate), so
+    # there was nothing to teacher-force; counted to tell a shortfall they caused from one in the data
+    unanswered: int = 0
 
     @property
     def share(self) -> float:

@@ -140,13 +140,17 @@ def token_criteria(tp: TokenPairs | None, coverage: TokenCoverage | None, policy
         share = f"{math.floor(coverage.share * 1000) / 10:g}%"
         short = (f"token metrics usable on {coverage.usable} of {coverage.pairs} pairs "
                  f"({share} < min_token_coverage {policy.min_token_coverage:.0%}); {why}")
-        # short only because teacher-forcing requests failed after their retries: an infrastructure fault,
-        # which more items would not mend; retrying those requests (the same command again) does
-        if coverage.failed and (coverage.usable + coverage.failed) / coverage.pairs >= policy.min_token_coverage:
+        # short only because requests failed after their retries (teacher forcing, or an answer that left no
+        # pair to force): an infrastructure fault, which more items would not mend; retrying those requests
+        # (the same command again) does
+        lost = coverage.failed + coverage.unanswered
+        if lost and (coverage.usable + lost) / (coverage.pairs + coverage.unanswered) >= policy.min_token_coverage:
             infrastructure = True
-            short = (f"infrastructure: {coverage.failed} teacher-forcing requests failed after their retries, "
-                     f"leaving token metrics on {coverage.usable} of {coverage.pairs} pairs ({share} < "
-                     f"min_token_coverage {policy.min_token_coverage:.0%}); run the same command again to retry them")
+            what = " and ".join(f"{n} {kind} request{'s' * (n != 1)}" for n, kind in (
+                (coverage.unanswered, "answer"), (coverage.failed, "teacher-forcing")) if n)
+            short = (f"infrastructure: {what} failed after their retries, leaving token metrics on "
+                     f"{coverage.usable} of {coverage.pairs} pairs ({share} < min_token_coverage "
+                     f"{policy.min_token_coverage:.0%}); run the same command again to retry them")
     out: list[Criterion] = []
     for name, bound in bounds.items():
         if name == "broken_share":

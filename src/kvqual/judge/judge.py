@@ -156,12 +156,21 @@ def _judge(base_dir: Path, cand_dir: Path, aa_dir: Path | None, policy: GatePoli
             notes = [f"{arm}: {q}" for arm, q in (("baseline", sb.get("queued")), ("candidate", sc.get("queued"))) if q]
             if notes:
                 notes.append("speed figures not comparable: lower --concurrency to what the servers run at once")
-        comparable = not (overlap or sb.get("queued") or sc.get("queued"))
+        # one arm's answers reused whole from a run before this compare, the other's sent now: two moments
+        # (and whatever else the machine ran at each), not one ratio
+        apart = None
+        if ("baseline" in plan.earlier) != ("candidate" in plan.earlier):
+            apart = rounded(abs((cm.started_at or 0) - (bm.started_at or 0)), 0)
+            reused = "baseline" if "baseline" in plan.earlier else "candidate"
+            when = f"{apart:.0f} s" if apart < 90 else f"{apart / 60:.0f} min"
+            notes.insert(0, f"not compared: the {reused}'s answers were reused from a run {when} before the "
+                            "other arm's, under whatever else ran then")
+        comparable = apart is None and not (overlap or sb.get("queued") or sc.get("queued"))
         # a ratio measured while kvqual's own requests shared the servers is biased against the candidate
         # (an A/A of one config read 0.60× on CPU, 0.46× on an H200): never news, only indicative
         slower = (slower_flag(ratio, policy.min_speedup) if comparable else None) if speed_from is None else \
             slower_flag(speed_from.ratio_for_flag(), policy.min_speedup, steady=speed_from.path)
-        speed = {"baseline": sb, "candidate": sc, "ratio": ratio, "comparable": comparable,
+        speed = {"baseline": sb, "candidate": sc, "ratio": ratio, "comparable": comparable, "apart_s": apart,
                  "note": "; ".join(notes) or None, "slower": slower}
     cov = inputs.coverage
     tail = None
@@ -322,12 +331,14 @@ def blind_scoring(bm: RunManifest, cm: RunManifest, base: Arm, cand: Arm, cand_s
     differ = sum(1 for a, s in pairs if a.text != s.text)
     if not differ:
         return None  # the same generations too: nothing says the cache was not read
-    return (f"teacher forcing cannot see {cm.target}'s KV cache: its scores of the baseline's completions are "
-            f"bit-identical to the baseline's on all {len(keys)} items though its KV dtype ({c}) is not the "
-            f"baseline's ({b}) and {differ} of its {len(pairs)} generations differ; its scoring never read K/V "
-            "back from the cache (SGLang with `sglang_score_step = 0` scores a sequence in one prefill; stepped scoring "
-            "is blind too where the server keeps no prefix in its cache), so the token criteria are left out "
-            "(docs/engines.md)")
+    # what was observed; an engine's reason only where the server said which engine it is
+    why = ("; SGLang with `sglang_score_step = 0` scores a sequence in one prefill without reading K/V back, and "
+           "stepped scoring does too where the server keeps no prefix in its cache"
+           if cm.server_info.get("engine") == "sglang" else "")
+    return (f"teacher forcing shows no effect of {cm.target}'s KV cache: its scores of the baseline's completions "
+            f"are bit-identical to the baseline's on all {len(keys)} items though its KV dtype ({c}) is not the "
+            f"baseline's ({b}) and {differ} of its {len(pairs)} generations differ, so its scoring did not read "
+            f"the cache it generates with{why}; the token criteria are left out (docs/engines.md)")
 
 
 def _refused_coverage(inputs: Any, why: str) -> Any:

@@ -192,7 +192,7 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
     unfit = does_not_fit(base, cand, aa)
     keys = [k for k in keys if (k[0], k[1]) not in unfit]  # left out of every arm, neither answer nor failure
     suites = sorted({k[0] for k in keys})
-    ab_all, _ = _pairs(base.samples, cand.samples, keys)
+    ab_all, unanswered = _pairs(base.samples, cand.samples, keys)
     aa_keys = [k for k in keys if aa is not None and k in aa.samples]
     aa_all, _ = _pairs(base.samples, aa.samples, aa_keys) if aa is not None else ([], 0)
     unusable = unusable_candidates(base, cand, keys)
@@ -226,7 +226,9 @@ def gate_inputs(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing
     if teacher_forcing:
         pair_keys = [a.key for a, _ in ab_all]
         evidence = evidence or token_evidence(base, cand, base_forced_again, pair_keys)
-        tokens, coverage, lost_answers = token_pairs(base, cand, evidence, pair_keys, rank, unusable)
+        # the candidate's answers that were not data are judged (broken prompts), not unanswered
+        tokens, coverage, lost_answers = token_pairs(base, cand, evidence, pair_keys, rank, unusable,
+                                                     unanswered - len(unusable))
         cache = cache_pairs(evidence.cache, base, cand, pair_keys)
     lost = set(unusable)
     return GateInputs(
@@ -300,7 +302,7 @@ def build(base: Arm, cand: Arm, aa: Arm | None, base_forced_again: Forcing | Non
     `gate_inputs` takes it."""
     keys = sorted(base.samples)
     suites = sorted({k[0] for k in keys})
-    ab_all, _ = _pairs(base.samples, cand.samples, keys)
+    ab_all, unanswered = _pairs(base.samples, cand.samples, keys)
     evidence = token_evidence(base, cand, base_forced_again, keys)  # over every key: each look takes its own
     ab_tok, aa_tok = evidence.ab, evidence.aa
     again = base_forced_again if aa_tok is not None else None

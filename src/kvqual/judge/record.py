@@ -20,8 +20,10 @@ class LookPlan:
     """The looks of a sequential compare: `sizes[k]` items of the seeded order judged at look k.
 
     `planned` is the whole schedule; `sizes` the looks the compare reached (shorter than `planned`
-    when a budget stopped it, `stop` saying which); `next_look` the price of the look a budget
-    stopped before; `overlap`: a round's parts shared one server (speed figures are indicative)."""
+    when a budget stopped it, `stop` saying why in words, `budget` which budget as a field:
+    "max_minutes" or "budget_tokens"); `next_look` the price of the look a budget stopped before;
+    `overlap`: a round's parts shared one server (speed figures are indicative); `earlier`: the arms
+    ("baseline", "candidate") whose answers all came from runs before this compare (reused, none sent)."""
 
     pool: int
     sizes: tuple[int, ...]
@@ -29,6 +31,8 @@ class LookPlan:
     stop: str | None = None
     overlap: bool = False
     next_look: Mapping[str, Any] | None = None
+    budget: str | None = None
+    earlier: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple(self.sizes))
@@ -50,7 +54,7 @@ class LookPlan:
         stop = seq.get("stop") or ""
         return cls(seq["pool"], tuple(seq["sizes"]), tuple(seq.get("planned") or seq["sizes"]),
                    stop.split(": ", 1)[1] if ": " in stop and stop.startswith("stopped") else None,
-                   bool(seq.get("overlap")), seq.get("next_look"))
+                   bool(seq.get("overlap")), seq.get("next_look"), seq.get("budget"), tuple(seq.get("earlier") or ()))
 
     def stop_reason(self, verdict: str, taken: int, sizes: list[int]) -> str:
         """Why the sequential compare stopped where it did, in words."""
@@ -131,7 +135,8 @@ class Judgement:
         sequential = {**vjson.get("sequential", {}), "planned_looks": len(plan.planned),
                       "max_looks": policy.looks, "first_look": policy.first_look, "planned": list(plan.planned),
                       "next_look": plan.next_look, "pool": plan.pool, "sizes": list(plan.sizes),
-                      "nominal_alpha": self.nominal_alpha, "stop": stop, "overlap": plan.overlap}
+                      "nominal_alpha": self.nominal_alpha, "stop": stop, "overlap": plan.overlap,
+                      "budget": plan.budget if plan.stop else None, "earlier": list(plan.earlier)}
         reason = vjson["reason"] + (f"; {stop}" if not self.decided else "")
         return {**vjson, "reason": reason, "sequential": sequential}
 

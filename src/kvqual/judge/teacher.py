@@ -106,9 +106,11 @@ def _unpaired_reason(ref: Forcing, other: Forcing, k: Key) -> str:
 
 def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key],
                 rank: Mapping[tuple[str, str], int] | None = None, unusable: Sequence[Key] = (),
-                ) -> tuple[TokenPairs | None, TokenCoverage, UnusableAnswers | None]:
-    """Per-unit KL and top-1 against the A/A floor, why the pairs left out were left out, and the
-    units the candidate answered with something that is not data.
+                unanswered: int = 0) -> tuple[TokenPairs | None, TokenCoverage, UnusableAnswers | None]:
+    """Per-unit KL and top-1 against the A/A floor over `keys` (the pairs both arms answered), why the
+    pairs left out were left out, and the units the candidate answered with something that is not data.
+    `unanswered`: the pairs not in `keys` because an arm's answer failed after its retries (out of the
+    coverage, counted to tell what caused a shortfall).
 
     The floor is the second teacher-forcing pass on the baseline server. When that pass
     reproduced the first bit for bit on at least MIN_REPRODUCED items, the server scores
@@ -145,7 +147,7 @@ def token_pairs(base: Arm, cand: Arm, ev: TokenEvidence, keys: list[Key],
             continue
         rows.append((k, ab[0], aa[0], ab[1], aa[1]))
     failed = sum(n for why, n in reasons.items() if str(why).startswith(FAILED))
-    coverage = TokenCoverage(True, len(keys) + len(unusable), len(rows) + len(bad), reasons, failed)
+    coverage = TokenCoverage(True, len(keys) + len(unusable), len(rows) + len(bad), reasons, failed, unanswered)
     place = (lambda k: rank.get((k[0], k[1]), len(rank))) if rank is not None else None
     lost = UnusableAnswers(clusters_of([base.samples[k] for k in bad]),
                            [place(k) for k in bad] if place else None) if bad else None

@@ -120,14 +120,15 @@ async def run_load(targets: list[Target], suites: tuple[LoadedSuite, ...], opts:
 
     for target in targets:
         async with serving(target, opts.results_dir) as ready:
-            info = await probe.describe(ready.base_url, ready.api_key(), timeout=min(opts.timeout_s, 30.0),
+            info = await probe.describe(ready.base_url, ready.api_key(), timeout=probe.probe_timeout(opts.timeout_s),
                                         patience=opts.timeout_s)
             info["base_urls"] = list(ready.base_urls)
             model = _model_of(ready, info)
             if concurrency is None:
                 concurrency, source = default_concurrency(info.get("kv_capacity_tokens"), items, opts.max_tokens)
                 source = f"{source}, of {target.name}"
-            info["prefix_cache_flushed"] = await probe.flush_cache(ready.base_url, ready.api_key())
+            info["prefix_cache_flushed"] = await probe.flush_cache(ready.base_url, ready.api_key(),
+                                                                   probe.probe_timeout(opts.timeout_s))
             driven: Driven = await drive(ready, items, params, model, concurrency=concurrency,
                                          duration_s=opts.duration_s, timeout_s=opts.timeout_s,
                                          progress=opts.progress)

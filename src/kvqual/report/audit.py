@@ -26,7 +26,9 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     lp, top = f["mean_logprob"], f["same_top1_with_reference"]
     out = [f"audited {f['units']} of {src['lines']:,} outputs in {src['path']} (seeded sample, stratified over "
            f"{len(src['strata'])} strata); {f['tokens_scored']:,} audited tokens and {f['floor_tokens_scored']:,} "
-           f"floor tokens scored on {report['reference']}",
+           f"floor tokens scored on {report['reference']}"
+           + (f"; {f['aligned_by_text']} of them aligned by text ({report['reference']} gave no token ids: no "
+              "/tokenize, none in the file)" if f.get("aligned_by_text") else ""),
            f"mean log-probability a token under {report['reference']}: audited {_num(lp['audited'])}, its own outputs "
            f"{_num(lp['floor'])}; difference {_interval(lp['difference'])} nats",
            f"tokens that are {report['reference']}'s top-1: audited {_num(top['audited'], '.2%')}, its own outputs "

@@ -6,14 +6,26 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from kvqual.report.decision import decision
 from kvqual.report.summary import (bounds_line, capacity_line, criterion_rows, fit_line, sequential_line, tail_line,
                                     teacher_line)
+
+
+def verdict_line(report: Mapping[str, Any]) -> str:
+    """The first line: the verdict and the gate's reason; an infrastructure stop in one short line
+    naming what failed (each criterion's detail is in the report, not repeated here)."""
+    v = report["verdict"]
+    if not v.get("infrastructure"):
+        return f"{v['verdict']}: {v['reason']}"
+    hit = [c["label"] for c in v["criteria"] if c.get("infrastructure") and c.get("status") != "pass"]
+    return (f"{v['verdict']} (infrastructure, exit 4): requests failed after their retries "
+            f"({', '.join(hit) or 'the run'}); run the same command again to retry them (details in report.md)")
 
 
 def console_summary(report: Mapping[str, Any]) -> str:
     """The summary `compare` and `report` print (stdout; stderr with --json)."""
     v = report["verdict"]
-    lines = [f"{v['verdict']}: {v['reason']}"]
+    lines = [verdict_line(report), f"next: {decision(report).next_step}"]
     for line in (teacher_line(report), tail_line(report), fit_line(report)):
         if line:
             lines.append(line)
@@ -59,7 +71,7 @@ def console_summary(report: Mapping[str, Any]) -> str:
     if report.get("speed"):
         s = report["speed"]
         r = s["ratio"]
-        ratio = "" if r.get("estimate") is None else (
+        ratio = "" if r.get("estimate") is None or s.get("apart_s") is not None else (
             f"; per-request tok/s ratio {r['estimate']:.3g} [{r['ci_low']:.3g}, {r['ci_high']:.3g}]")
         lines.append(f"speed: {s['baseline']['output_tok_s']:.3g} → {s['candidate']['output_tok_s']:.3g} output "
                      f"tok/s at concurrency {s['candidate']['concurrency']}{ratio}"

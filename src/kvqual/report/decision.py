@@ -11,7 +11,8 @@ from kvqual.report.summary import CRITERION_LABEL, shown_slower
 
 _SHORT_LABEL = {
     "accuracy": "accuracy", "accuracy_pooled": "accuracy over all suites", "kl_excess": "KL beyond the A/A floor",
-    "top1_loss": "same-top-1 loss", "length_ratio": "the output length ratio", "truncation_excess": "the truncation rate",
+    "top1_loss": "same-top-1 loss", "length_ratio": "the output length ratio",
+    "length_mean_ratio": "the ratio of mean output lengths", "truncation_excess": "the truncation rate",
     "loop_excess": "the repetition-loop rate", "distinct2_loss": "the outputs' distinct-2 diversity",
     "length_ks_excess": "the shape of the length distribution", "failed_rate_baseline": "the baseline's failed-request rate",
     "failed_rate_candidate": "the candidate's failed-request rate", "speedup": "the throughput ratio",
@@ -114,10 +115,9 @@ def _more_items(report: Mapping[str, Any], c: Mapping[str, Any], others: int) ->
                 f"difference that small matters before running more; nothing was shown outside its bound.")
     where = ""
     if isinstance(judged, int) and available:
-        # which limit stopped it: a budget (the same command again takes the next look), or --max-items
-        stop = str(seq.get("stop") or "")
-        budget = "--max-minutes" if stop.startswith("max_minutes") else \
-            "--budget-tokens" if stop.startswith("budget_tokens") else None
+        # which limit stopped it: a budget (the same command again takes the next look), or --max-items;
+        # read from the field the judge writes (the stop reason is prose for people)
+        budget = {"max_minutes": "--max-minutes", "budget_tokens": "--budget-tokens"}.get(seq.get("budget") or "")
         if not (budget and judged < available):
             # a larger --max-items would judge the stored answers under another plan: never advised (issue 51)
             total = judged + n
@@ -149,13 +149,23 @@ def decision(report: Mapping[str, Any]) -> Decision:
                         f"Do not ship {cand}: {_hint(str(first.get('name')))}.")
     if verdict == "PASS":
         guards = [c for c in crits if c.get("role") == "guard" and c.get("status") == "inconclusive"]
-        tail = f" ({len(guards)} per-suite guard{'s' if len(guards) != 1 else ''} undecided, none outside)" if guards else ""
+        tail = f" ({len(guards)} guard{'s' if len(guards) != 1 else ''} undecided, none outside)" if guards else ""
+        # counted as the report lists them: the failed-request rates are run health, apart from the quality criteria
+        quality = [c for c in primary if not str(c.get("name") or "").startswith("failed_rate")]
+        health = len(primary) - len(quality)
+        tail += ("; both failed-request rates are within theirs" if health == 2 else
+                 "; the failed-request rate is within its bound" if health == 1 else "")
         ratio = get(report, "steady_speed", "ratio", "estimate") if report.get("steady_speed") else \
             get(report, "speed", "ratio", "estimate")  # --speed-from: the flag is on the load's ratio
         slower = (f", but it ran at {fmt_quantity(ratio, 'ratio')} the baseline's throughput: read the speed "
                   "section first") if shown_slower(report) else ""
-        return Decision(verdict, f"All {len(primary)} primary criteria are shown inside their bounds{tail}.",
+        return Decision(verdict, f"All {len(quality)} primary criteria are shown inside their bounds{tail}.",
                         f"{cand} can ship on these criteria{slower}.")
+    if verdict == "INCONCLUSIVE" and get(report, "verdict", "infrastructure"):
+        return Decision(verdict, _sentence(f"requests failed after their retries: "
+                                           f"{get(report, 'verdict', 'infrastructure')}."),
+                        "Run the same command again: it keeps every answer on disk and sends the failed requests "
+                        "again; if they fail again, read the servers' logs.")
     if verdict == "INCONCLUSIVE":
         if not open_:
             return Decision(verdict, "No quality criterion could be evaluated: only request failures were judged.",

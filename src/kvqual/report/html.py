@@ -137,7 +137,7 @@ def speed_fact(report: Mapping[str, Any]) -> tuple[str, bool] | None:
     flagged beside the verdict though speed counts in it only with min_speedup; otherwise a note."""
     speed = report.get("speed") or {}
     ratio = F.get(speed, "ratio", "estimate")
-    if not isinstance(ratio, (int, float)):
+    if not isinstance(ratio, (int, float)) or speed.get("apart_s") is not None:  # arms measured apart: no ratio
         return None
     high = F.get(speed, "ratio", "ci_high")
     slower = S.shown_slower(report)
@@ -169,7 +169,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         trajectory=S.trajectory_rows(report),
         trajectory_plot=to_data_uri(trajectory_figure(report.get("verdict"))),
         metrics=S.metric_rows(report), speed=S.speed_rows(report),
-        speed_note=F.get(report, "speed", "note"),
+        speed_note=F.get(report, "speed", "note"), speed_apart=F.get(report, "speed", "apart_s") is not None,
         plots=all_plots(report), plot_list=PLOTS, positions=position_rows(report), examples=example_views(report),
         n_examples=len(report.get("examples") or []),
         warnings=[str(w) for w in report.get("warnings") or []],

@@ -4,6 +4,8 @@ Pure functions over the dict, shared by every format; report/summary.py re-expor
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,7 +51,9 @@ def teacher_line(report: Mapping[str, Any]) -> str | None:
     chunked = tf.get("chunked") or 0
     windows = (f"; {chunked} longer than the server admits, scored in windows (docs/longgen.md)"
                if chunked else "")
-    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({usable / pairs:.0%}){how}{windows}{why}"
+    # rounded down to 0.1%, as the gate words it: 79 of 99 read "(80%)" beside a gate saying 79.7% < 80%
+    share = f"{math.floor(usable / pairs * 1000) / 10:g}%"
+    return f"teacher forcing: token metrics on {usable} of {pairs} pairs ({share}){how}{windows}{why}"
 
 
 def fit_line(report: Mapping[str, Any]) -> str | None:

@@ -84,6 +84,8 @@ def _speed_bullet(report: Mapping[str, Any]) -> str | None:
     slower = F.get(report, "speed", "slower")
     if slower:
         return f"**Note:** {inline(slower[:1].upper() + slower[1:])}"
+    if F.get(report, "speed", "apart_s") is not None:  # two moments: no ratio between them
+        return f"Speed: {inline(str(F.get(report, 'speed', 'note')))}"
     ratio = F.get(report, "speed", "ratio") or {}
     est = ratio.get("estimate")
     if not isinstance(est, (int, float)) or isinstance(est, bool):
@@ -198,6 +200,8 @@ def _compared_section(report: Mapping[str, Any]) -> list[str]:
                 f"metrics: {inline(tf_text)}."]
     if not speed:
         out.append("- Speed: not measured.")
+    elif speed.get("apart_s") is not None:  # arms measured at different times: no ratio
+        out.append(f"- Throughput ratio: none; {inline(str(speed.get('note')))}.")
     else:
         ratio = speed.get("ratio") or {}
         line = (f"- Throughput ratio (cand / base): **{F.fmt_num(ratio.get('estimate'))}×**, CI {_ratio_ci(ratio)}, "

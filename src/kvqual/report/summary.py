@@ -30,6 +30,7 @@ CRITERION_LABEL = {
     "distinct2_loss": "distinct-2 diversity lost beyond A/A floor",
     "length_ks_excess": "length-distribution KS distance beyond A/A floor",
     "length_ratio": "output length ratio (cand / base)",
+    "length_mean_ratio": "mean output length ratio (cand / base)",
     "kl_excess": "mean KL beyond A/A floor",
     "top1_loss": "same-top-1 loss beyond A/A floor",
     "failed_rate_base": "failed-request rate, baseline",
