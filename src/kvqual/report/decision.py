@@ -11,7 +11,7 @@ from kvqual.report.summary import CRITERION_LABEL, shown_slower
 
 _SHORT_LABEL = {
     "accuracy": "accuracy", "accuracy_pooled": "accuracy over all suites", "kl_excess": "KL beyond the A/A floor",
-    "top1_loss": "same-top-1 loss", "length_ratio": "the output length ratio",
+    "top1_loss": "same-top-1 loss", "broken_share": "the share of broken prompts", "length_ratio": "the output length ratio",
     "length_mean_ratio": "the ratio of mean output lengths", "truncation_excess": "the truncation rate",
     "loop_excess": "the repetition-loop rate", "distinct2_loss": "the outputs' distinct-2 diversity",
     "length_ks_excess": "the shape of the length distribution", "failed_rate_baseline": "the baseline's failed-request rate",

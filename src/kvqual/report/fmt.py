@@ -91,7 +91,7 @@ Quantity = Literal["points", "percent", "nats", "ratio"]
 _QUANTITY: Mapping[str, Quantity] = {
     "accuracy": "points", "accuracy_pooled": "points", "truncation_excess": "points", "loop_excess": "points",
     "distinct2_loss": "points", "length_ks_excess": "points",
-    "top1_loss": "points", "kl_excess": "nats", "length_ratio": "ratio", "speedup": "ratio", "cache_path": "nats",
+    "top1_loss": "points", "broken_share": "points", "kl_excess": "nats", "length_ratio": "ratio", "speedup": "ratio", "cache_path": "nats",
 }
 
 

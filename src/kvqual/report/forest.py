@@ -61,6 +61,7 @@ FOREST_GROUPS = (
 FOREST_LABEL = {
     "accuracy": "accuracy", "accuracy_pooled": "accuracy, all suites (stratified)",
     "kl_excess": "mean KL beyond A/A floor (item mean)", "top1_loss": "same-top-1 loss beyond A/A floor",
+    "broken_share": "prompts broken beyond A/A floor",
     "length_ratio": "output length ratio (cand / base)", "truncation_excess": "truncation rate beyond A/A floor",
     "loop_excess": "repetition-loop rate beyond A/A floor", "distinct2_loss": "distinct-2 lost beyond A/A floor",
     "length_ks_excess": "length KS distance beyond A/A floor", "failed_rate_baseline": "failed requests, baseline",

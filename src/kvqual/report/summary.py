@@ -33,6 +33,7 @@ CRITERION_LABEL = {
     "length_mean_ratio": "mean output length ratio (cand / base)",
     "kl_excess": "mean KL beyond A/A floor",
     "top1_loss": "same-top-1 loss beyond A/A floor",
+    "broken_share": "share of prompts broken beyond A/A floor",
     "failed_rate_base": "failed-request rate, baseline",
     "failed_rate_cand": "failed-request rate, candidate",
     "failed_rate_baseline": "failed-request rate, baseline",
