@@ -417,7 +417,9 @@ def test_a_budget_stops_before_a_look_it_cannot_afford_and_prices_it(tmp_path, f
     look (the rest) is priced at the rate so far, and a budget it would pass stops the compare there, the
     look not taken in the report; the same command with a larger budget continues on the same plan."""
     # undecided at 124 items (deterministic); echo noise: the candidate's scoring is not blind to its cache
-    setup(tmp_path, fake_server, ["--wrong-rate", "0.05", "--delay", "0.05", "--echo-noise", "1e-6"], n=300)
+    # (the share of broken prompts at 2%, which 300 prompts can bound: the subject is the budget)
+    setup(tmp_path, fake_server, ["--wrong-rate", "0.05", "--delay", "0.05", "--echo-noise", "1e-6"], n=300,
+          broken_share=0.02)
     r = kvqual(tmp_path, "compare", "base", "cand", "--suite", "s.jsonl", "--max-minutes", "0.01")
     assert r.returncode == 3, r.stdout + r.stderr
     seq = report_of(tmp_path)["verdict"]["sequential"]

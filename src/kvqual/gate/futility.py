@@ -121,6 +121,8 @@ def _betting_power(c: Criterion, s: Any, n_now: int, n_final: int, alpha: float,
     p_fail = fail[1] if fail is not None else 0.0
     units_final = c.n * n_final / n_now  # independent units scale with the items
     if c.name == "broken_share":
+        if s.est > 0:  # broken prompts are turning up: a normal projection of a rare count's FAIL chance is far
+            return 0.0, 1.0  # too low (3% broken showed 1 of 124 at look 1), so never futile while they do
         # the units a path growing at the rate seen takes from its start (the seen ones' growth included)
         more = units_to_bound(s.high, alpha, max(0, round(s.est * c.n)), c.n)
         need = None if more is None else more - c.n
